@@ -1,0 +1,76 @@
+# Delayed delivery on Spark + Delta. `make help` lists the targets.
+SHELL := /bin/bash
+.DEFAULT_GOAL := help
+
+PYTHON    ?= python3.11
+VENV      := .venv
+BIN       := $(VENV)/bin
+JARS      := .jars
+SPARK_PROPS := $(JARS)/spark-defaults.conf
+# spark-submit runs the job with the venv's Python, driver and workers alike.
+export PYSPARK_PYTHON := $(abspath $(BIN)/python)
+export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
+SUBMIT    := $(BIN)/spark-submit --properties-file $(SPARK_PROPS)
+PYTEST_ARGS ?=
+
+.PHONY: help setup venv jars run engine status test test-quick check lint typecheck clean distclean
+
+help: ## Show this help
+	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+
+setup: venv jars ## Install the Python environment and fetch the JVM jars
+
+venv: $(VENV)/.installed ## Create .venv and install the package with its test extras
+
+$(VENV)/.installed: pyproject.toml
+	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11 (e.g. pyenv install 3.11)"; exit 1; }
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+jars: $(SPARK_PROPS) ## Resolve Delta's jars with Maven into .jars/ (spark.jars)
+
+$(SPARK_PROPS): build/pom.xml
+	@command -v java >/dev/null || { echo "error: java not found: install a JDK 17 (apt-get install openjdk-17-jdk-headless)"; exit 1; }
+	@v=$$(java -version 2>&1 | awk -F'"' '/version/ {print $$2}' | cut -d. -f1); \
+	  [ "$${v:-0}" -ge 17 ] 2>/dev/null || { echo "error: Java $$v found, Spark 4 needs Java 17 or newer: install openjdk-17-jdk-headless"; exit 1; }
+	@command -v mvn >/dev/null || { echo "error: mvn not found: install Maven (apt-get install maven)"; exit 1; }
+	@rm -rf $(JARS) && mkdir -p $(JARS)
+	mvn -q -B -f build/pom.xml dependency:copy-dependencies -DexcludeTransitive=true -DoutputDirectory=$(abspath $(JARS))
+	@{ echo "# Written by 'make jars': pass to spark-submit with --properties-file"; \
+	   echo "spark.jars $$(ls $(abspath $(JARS))/*.jar | paste -sd, -)"; \
+	   echo "spark.sql.extensions io.delta.sql.DeltaSparkSessionExtension"; \
+	   echo "spark.sql.catalog.spark_catalog org.apache.spark.sql.delta.catalog.DeltaCatalog"; \
+	   echo "spark.sql.session.timeZone UTC"; } > $@
+	@echo "jars ready in $(JARS)/"
+
+run: setup ## Set up, then run the engine on a demo set until everything is delivered
+	$(SUBMIT) jobs/delay_engine.py --demo --until-idle $(ARGS)
+
+engine: setup ## Run the engine until Ctrl-C (ARGS="--set key=value ..." to configure)
+	$(SUBMIT) jobs/delay_engine.py $(ARGS)
+
+status: setup ## Show pending per level, delivered and quarantined counts
+	$(BIN)/delayq status $(ARGS)
+
+test: setup check ## Set up, lint, type-check and run the whole test suite
+	$(BIN)/python -m pytest $(PYTEST_ARGS)
+
+test-quick: setup ## Run only the fast tests (no Spark)
+	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+
+check: lint typecheck ## ruff and mypy
+
+lint: venv
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+typecheck: venv
+	$(BIN)/mypy
+
+clean: ## Remove the local lakehouse and test leftovers (keeps .venv and .jars)
+	rm -rf lakehouse spark-warehouse metastore_db derby.log .pytest_cache .mypy_cache .ruff_cache
+
+distclean: clean ## Also remove .venv and .jars
+	rm -rf $(VENV) $(JARS)

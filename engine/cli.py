@@ -1,0 +1,268 @@
+"""The ``delayq`` command line: send messages, run the engine, look at what it holds.
+
+Examples::
+
+    delayq send --topic orders --body '{"id": 1}' --key order-1 --level 3
+    delayq send --file messages.jsonl          # one JSON object per line
+    delayq status
+    delayq topics
+    delayq sql "SELECT msg_id, CAST(body AS STRING) FROM delayq.orders"
+    delayq run --until-idle --set levels.delays="1s 2s 3s"
+
+Every command takes ``--conf FILE`` and any number of ``--set key=value`` overrides.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from engine.config import EngineConfig, load_config, parse_override
+from engine.errors import DelayQError
+
+DEMO_TOPICS = ("orders", "notifications")
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--conf", metavar="FILE", help="TOML config (default conf/engine.toml)")
+    common.add_argument(
+        "--set",
+        metavar="KEY=VALUE",
+        action="append",
+        default=[],
+        help="override a config key, e.g. --set levels.delays='1s 2s 3s' (repeatable)",
+    )
+    parser = argparse.ArgumentParser(
+        prog="delayq",
+        description="Delayed delivery on Spark + Delta Lake (RocketMQ-style delay levels).",
+        parents=[common],
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    send = sub.add_parser("send", parents=[common], help="send one message, or many from a file")
+    send.add_argument("--topic", help="real topic the message is delivered to")
+    send.add_argument("--body", help="message body (text)")
+    send.add_argument("--key", action="append", default=[], help="a lookup key (repeatable)")
+    send.add_argument("--tag", help="message tag")
+    send.add_argument(
+        "--property", action="append", default=[], metavar="NAME=VALUE", help="user property"
+    )
+    send.add_argument("--level", type=int, help="delay level (none or <= 0: deliver at once)")
+    send.add_argument(
+        "--file",
+        metavar="JSONL",
+        help="send many: one JSON object per line with topic, body, keys, tags, "
+        "properties, delay_level ('-' reads standard input)",
+    )
+
+    run = sub.add_parser("run", parents=[common], help="run the engine (Ctrl-C stops it)")
+    add_run_arguments(run)
+
+    sub.add_parser("status", parents=[common], help="pending per level, delivered, quarantined")
+    sub.add_parser("topics", parents=[common], help="topic tables and their row counts")
+    sql = sub.add_parser("sql", parents=[common], help="run a SQL query with tables registered")
+    sql.add_argument("query", help='e.g. "SELECT * FROM delayq.orders"')
+    sql.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
+    return parser
+
+
+def add_run_arguments(parser: argparse.ArgumentParser) -> None:
+    """The options of ``run``, shared with ``jobs/delay_engine.py``."""
+    parser.add_argument(
+        "--until-idle",
+        action="store_true",
+        help="stop once every sent message is delivered or quarantined",
+    )
+    parser.add_argument(
+        "--max-seconds", type=float, metavar="S", help="stop after S seconds whatever is pending"
+    )
+    parser.add_argument(
+        "--demo", action="store_true", help="first send a demo set across the short levels"
+    )
+    parser.add_argument(
+        "--show", type=int, default=20, metavar="N", help="rows per topic shown at the end"
+    )
+
+
+def config_from_args(args: argparse.Namespace) -> EngineConfig:
+    """Load ``--conf`` with the ``--set`` overrides applied."""
+    overrides = dict(parse_override(item) for item in args.set)
+    return load_config(args.conf, overrides)
+
+
+def demo_messages(levels: int) -> list[dict[str, Any]]:
+    """A demo set: a few messages on each of the first levels (and some not delayed)."""
+    messages = []
+    for level in range(0, min(levels, 3) + 1):
+        for i in range(3):
+            topic = DEMO_TOPICS[i % 2]
+            messages.append(
+                {
+                    "topic": topic,
+                    "body": json.dumps({"demo": True, "level": level, "n": i}),
+                    "keys": [f"demo-{level}-{i}"],
+                    "tags": "demo",
+                    "properties": {"source": "make run"},
+                    "delay_level": level,
+                }
+            )
+    return messages
+
+
+def _messages_from_file(path: str) -> list[dict[str, Any]]:
+    handle = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    try:
+        items = []
+        for number, line in enumerate(handle, start=1):
+            if line.strip():
+                try:
+                    items.append(json.loads(line))
+                except json.JSONDecodeError as err:
+                    raise DelayQError(f"{path}:{number}: not a JSON object: {err}") from None
+        return items
+    finally:
+        if handle is not sys.stdin:
+            handle.close()
+
+
+def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq send``: print the id of every message sent."""
+    from engine.producer import send_many
+    from engine.session import build_spark
+
+    if args.file:
+        messages = _messages_from_file(args.file)
+    else:
+        if not args.topic or args.body is None:
+            raise DelayQError("send needs --topic and --body (or --file)")
+        props = dict(parse_override(p) for p in args.property)
+        messages = [
+            {
+                "topic": args.topic,
+                "body": args.body,
+                "keys": args.key,
+                "tags": args.tag,
+                "properties": props,
+                "delay_level": args.level,
+            }
+        ]
+    spark = build_spark(cfg.with_overrides(register_tables=False))
+    for msg_id in send_many(spark, cfg, messages):
+        print(msg_id)
+    return 0
+
+
+def show_topics(spark: Any, cfg: EngineConfig, limit: int) -> None:
+    """Print each topic table's newest rows, with the lateness of each delivery."""
+    from engine.tables import layout, list_topics
+
+    for name in list_topics(spark, cfg):
+        df = spark.read.format("delta").load(layout(cfg).topic(name))
+        print(f"\n== topic {cfg.database}.{name}: {df.count()} rows delivered")
+        df.selectExpr(
+            "msg_id",
+            "array_join(keys, ' ') AS keys",
+            "CAST(body AS STRING) AS body",
+            "delay_level AS level",
+            "date_format(store_ts, 'HH:mm:ss.SSS') AS stored",
+            "date_format(deliver_ts, 'HH:mm:ss.SSS') AS due",
+            "date_format(delivered_ts, 'HH:mm:ss.SSS') AS delivered",
+            "unix_millis(delivered_ts) - unix_millis(deliver_ts) AS late_ms",
+        ).orderBy("due", "msg_id").show(limit, truncate=40)
+
+
+def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq run`` (and the spark-submit job): run the engine."""
+    from engine.producer import send_many
+    from engine.runner import Engine
+    from engine.session import build_spark
+
+    spark = build_spark(cfg)
+    engine = Engine(spark, cfg)
+    print(
+        f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
+        f"({cfg.levels.source}), database {cfg.database}"
+    )
+    if args.demo:
+        ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
+        print(f"demo: sent {len(ids)} messages to {', '.join(DEMO_TOPICS)} on levels 0-3")
+    final = engine.run(until_idle=args.until_idle, max_seconds=args.max_seconds)
+    if args.show:
+        show_topics(spark, cfg, args.show)
+    if final.quarantined:
+        where = f"SELECT * FROM {cfg.database}.quarantine"
+        print(f"\n{final.quarantined} messages are in quarantine: {where}")
+    print(f"\nQuery the topics in SQL: SELECT * FROM {cfg.database}.<topic>  (see README)")
+    return 0
+
+
+def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq status``: counts per level from the tables and the checkpoint."""
+    from engine.runner import read_status
+    from engine.session import build_spark
+    from engine.tables import ensure_tables
+
+    spark = build_spark(cfg)
+    status = read_status(spark, cfg, ensure_tables(spark, cfg))
+    print(f"lakehouse   {cfg.lakehouse_path}")
+    print(f"sent        {status.sent}")
+    print(f"to stamp    {status.unstamped}")
+    print(f"quarantined {status.quarantined}")
+    print(f"watermark   {status.watermark}")
+    print(f"{'queue':<16}{'pending':>10}{'delivered':>12}")
+    for queue in sorted(set(status.pending) | set(status.delivered)):
+        label = cfg.levels.label(queue)
+        print(f"{label:<16}{status.pending.get(queue, 0):>10}{status.delivered.get(queue, 0):>12}")
+    return 0
+
+
+def cmd_topics(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq topics``: every topic table with its row count."""
+    from engine.session import build_spark
+    from engine.tables import layout, list_topics
+
+    spark = build_spark(cfg)
+    for name in list_topics(spark, cfg):
+        rows = spark.read.format("delta").load(layout(cfg).topic(name)).count()
+        print(f"{cfg.database}.{name}\t{rows}")
+    return 0
+
+
+def cmd_sql(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq sql``: run a query in a session with every table registered."""
+    from engine.session import build_spark
+
+    build_spark(cfg).sql(args.query).show(args.limit, truncate=False)
+    return 0
+
+
+COMMANDS = {
+    "send": cmd_send,
+    "run": cmd_run,
+    "status": cmd_status,
+    "topics": cmd_topics,
+    "sql": cmd_sql,
+}
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``delayq``; returns the process exit code."""
+    logging.basicConfig(
+        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    args = _parser().parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        return COMMANDS[args.command](args, cfg)
+    except DelayQError as err:
+        print(f"delayq: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,217 @@
+"""Engine configuration: loaded once, frozen, validated.
+
+Settings come from a TOML file (``conf/engine.toml`` by default) and ``key=value``
+overrides (``--set`` on the command line, or the ``overrides`` argument). Keys are dotted
+(``delivery.poll_interval``). An unknown key or a bad value fails at start with a message
+naming the key and the value.
+
+Example:
+    >>> cfg = EngineConfig.from_mapping({"levels.delays": "1s 2s 3s", "lakehouse.path": "/tmp/lh"})
+    >>> cfg.levels.max_level
+    3
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tomllib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from engine.errors import ConfigError
+from engine.levels import DEFAULT_LEVELS, LevelTable, parse_duration_ms, parse_levels
+
+#: Where the default configuration file lives, relative to the repository root.
+DEFAULT_CONF = Path(__file__).resolve().parent.parent / "conf" / "engine.toml"
+_IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+
+
+def _positive_int(key: str, value: object) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ConfigError(key, value, "expected a whole number") from None
+    if number <= 0:
+        raise ConfigError(key, value, "must be greater than 0")
+    return number
+
+
+def _duration(key: str, value: object) -> int:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ConfigError(key, value, "give a unit, e.g. '200ms' or '5s'")
+    ms = parse_duration_ms(str(value), key)
+    if ms <= 0:
+        raise ConfigError(key, value, "must be greater than 0")
+    return ms
+
+
+def _text(key: str, value: object) -> str:
+    text = str(value).strip()
+    if not text:
+        raise ConfigError(key, value, "must not be empty")
+    return text
+
+
+def _identifier(key: str, value: object) -> str:
+    text = str(value)
+    if not _IDENT.match(text):
+        raise ConfigError(key, value, "must be a SQL identifier: letters, digits, _")
+    return text
+
+
+def _bool(key: str, value: object) -> bool:
+    if isinstance(value, bool):
+        return value
+    text = str(value).strip().lower()
+    if text in ("true", "1", "yes", "on"):
+        return True
+    if text in ("false", "0", "no", "off"):
+        return False
+    raise ConfigError(key, value, "expected true or false")
+
+
+# key -> (attribute, parser). The defaults live on the dataclass fields below.
+_KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
+    "lakehouse.path": ("lakehouse", _text),
+    "lakehouse.database": ("database", _identifier),
+    "levels.delays": ("levels", lambda k, v: parse_levels(str(v), k)),
+    "messages.max_body_bytes": ("max_body_bytes", _positive_int),
+    "stamp.interval": ("stamp_interval_ms", _duration),
+    "stamp.max_files_per_batch": ("stamp_max_files", _positive_int),
+    "delivery.poll_interval": ("poll_interval_ms", _duration),
+    "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
+    "delivery.progress_interval": ("progress_interval_ms", _duration),
+    "spark.master": ("spark_master", _text),
+    "spark.app_name": ("app_name", _text),
+    "spark.jars_dir": ("jars_dir", _text),
+    "spark.log_level": ("log_level", _text),
+    "sql.register_tables": ("register_tables", _bool),
+}
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine needs to know, validated.
+
+    Attributes:
+        lakehouse: root folder (or URI) of the lakehouse; relative paths resolve against
+            the current directory.
+        database: SQL database the topic tables are registered in.
+        levels: the delay level table.
+        max_body_bytes: largest accepted message body (RocketMQ's default is 4 MiB).
+        stamp_interval_ms: trigger interval of the stamping stream.
+        stamp_max_files: ``maxFilesPerTrigger`` of the stamping stream.
+        poll_interval_ms: how often the delivery stage looks for due messages.
+        checkpoint_flush_ms: longest time an idle delivery stage waits before
+            recording progress (RocketMQ flushes delayOffset every 10 s; here a round
+            that delivers anything always commits at once).
+        progress_interval_ms: how often a running job prints its progress line.
+        spark_master: Spark master for sessions the engine builds itself.
+        app_name: Spark application name.
+        jars_dir: folder holding the JVM jars passed as ``spark.jars``.
+        log_level: Spark log level for sessions the engine builds.
+        register_tables: register topic tables by name in the session catalog.
+        spark_conf: extra Spark settings (``[spark.conf]`` in the file).
+    """
+
+    lakehouse: str = "lakehouse"
+    database: str = "delayq"
+    levels: LevelTable = field(default_factory=lambda: parse_levels(DEFAULT_LEVELS))
+    max_body_bytes: int = 4 * 1024 * 1024
+    stamp_interval_ms: int = 200
+    stamp_max_files: int = 1000
+    poll_interval_ms: int = 200
+    checkpoint_flush_ms: int = 10_000
+    progress_interval_ms: int = 5_000
+    spark_master: str = "local[2]"
+    app_name: str = "delayq"
+    jars_dir: str = ".jars"
+    log_level: str = "WARN"
+    register_tables: bool = True
+    spark_conf: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.spark_conf, MappingProxyType):
+            object.__setattr__(self, "spark_conf", MappingProxyType(dict(self.spark_conf)))
+        if self.log_level.upper() not in {"ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
+            raise ConfigError("spark.log_level", self.log_level, "expected e.g. WARN or INFO")
+
+    @classmethod
+    def from_mapping(cls, settings: Mapping[str, object]) -> EngineConfig:
+        """Build a config from flat dotted keys; unknown keys fail.
+
+        Keys under ``spark.conf.`` are passed to Spark as they are.
+        """
+        values: dict[str, Any] = {}
+        spark_conf: dict[str, str] = {}
+        for key, value in settings.items():
+            if key.startswith("spark.conf."):
+                spark_conf[key.removeprefix("spark.conf.")] = str(value)
+                continue
+            if key not in _KEYS:
+                known = ", ".join(sorted(_KEYS))
+                raise ConfigError(key, value, f"unknown key; known keys: {known}")
+            attr, parse = _KEYS[key]
+            values[attr] = parse(key, value)
+        return cls(**values, spark_conf=spark_conf)
+
+    def with_overrides(self, **changes: Any) -> EngineConfig:
+        """A copy with some attributes replaced (by attribute name)."""
+        current = {f.name: getattr(self, f.name) for f in fields(self)}
+        current.update(changes)
+        return EngineConfig(**current)
+
+    @property
+    def lakehouse_path(self) -> str:
+        """The lakehouse root as an absolute path (URIs such as ``s3a://`` are kept)."""
+        if "://" in self.lakehouse:
+            return self.lakehouse.rstrip("/")
+        return str(Path(self.lakehouse).expanduser().resolve())
+
+
+def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
+    flat: dict[str, object] = {}
+    for key, value in tree.items():
+        dotted = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            flat.update(_flatten(value, f"{dotted}."))
+        else:
+            flat[dotted] = value
+    return flat
+
+
+def parse_override(text: str) -> tuple[str, str]:
+    """Split a ``key=value`` override; fails naming the text when there is no ``=``."""
+    key, sep, value = text.partition("=")
+    if not sep or not key.strip():
+        raise ConfigError(text, text, "an override must look like key=value")
+    return key.strip(), value.strip()
+
+
+def load_config(
+    path: str | os.PathLike[str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+) -> EngineConfig:
+    """Load the configuration file and apply overrides.
+
+    Args:
+        path: a TOML file; defaults to ``$DELAYQ_CONF`` or ``conf/engine.toml``.
+        overrides: dotted keys that win over the file.
+
+    Raises:
+        ConfigError: when the file is missing or unreadable, or a key or value is bad.
+    """
+    chosen = Path(path or os.environ.get("DELAYQ_CONF") or DEFAULT_CONF)
+    try:
+        tree = tomllib.loads(chosen.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise ConfigError("conf", str(chosen), "file not found") from None
+    except tomllib.TOMLDecodeError as err:
+        raise ConfigError("conf", str(chosen), f"not valid TOML: {err}") from None
+    settings = _flatten(tree)
+    settings.update(overrides or {})
+    return EngineConfig.from_mapping(settings)

@@ -1,0 +1,447 @@
+"""The delivery stage: move due ``schedule`` rows into their topic tables, exactly once.
+
+Each round ``k`` fixes a plan: a watermark ``W_k`` (its cutoff time) and the ``schedule``
+version ``V_k`` it reads. It delivers, from that snapshot, the rows with::
+
+    deliver_ts <= W_k  AND  (deliver_ts > W_{k-1}  OR  stamp_batch > S_{k-1})
+
+where ``W_{k-1}``/``S_{k-1}`` come from the committed progress: rows that became due since
+the last round, plus rows stamped since then that are already due (messages stamped late
+are not lost behind an advanced watermark). Within a level, deliver times grow with store
+order, so the first part only touches the head of each queue, and Delta's data skipping
+on ``deliver_ts``/``stamp_batch`` keeps a round's reads proportional to new and due rows.
+
+Exactly once, across crashes and replays:
+
+1. a round that will write first records its plan (``status = planned``) in
+   ``delay_offset``;
+2. each topic table is written with ``txnAppId``/``txnVersion = k``, so a replayed write
+   is skipped by Delta;
+3. then progress is committed (``status = committed``), never ahead of the delivery.
+
+After a crash between 2 and 3 the engine finds the plan and replays round ``k`` with the
+same ``W_k`` and ``V_k``: exactly the same rows, and Delta skips the topics already written.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime, timedelta
+
+from delta.tables import DeltaTable
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from engine.clock import EPOCH, Clock
+from engine.config import EngineConfig
+from engine.offsets import OffsetLog, view_sql
+from engine.tables import Layout, register_table, topic_table_name
+from schemas import TOPIC, column_names
+
+log = logging.getLogger(__name__)
+
+COMMITTED = "committed"
+TOPIC_WRITERS = 4
+PLANNED = "planned"
+
+
+@dataclass(frozen=True)
+class QueueProgress:
+    """One queue's progress: how many rows it has delivered, up to which deliver time."""
+
+    delivered_total: int = 0
+    last_deliver_ts: datetime | None = None
+
+
+@dataclass(frozen=True)
+class Progress:
+    """The committed delayOffset checkpoint.
+
+    Attributes:
+        checkpoint_id: identifies this checkpoint; part of the topic writes' ``txnAppId``.
+        round: the last committed round (-1 before the first).
+        watermark: every row with ``deliver_ts <= watermark`` and ``stamp_batch <=
+            stamp_batch`` has been delivered.
+        schedule_version: the ``schedule`` version the last round read.
+        stamp_batch: the highest stamping batch the last round saw.
+        queues: per-queue progress.
+    """
+
+    checkpoint_id: str
+    round: int = -1
+    watermark: datetime = EPOCH
+    schedule_version: int = -1
+    stamp_batch: int = -1
+    queues: Mapping[int, QueueProgress] = field(default_factory=dict)
+
+    @property
+    def delivered_total(self) -> int:
+        """Rows delivered by every queue so far."""
+        return sum(q.delivered_total for q in self.queues.values())
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What round ``round`` delivers: rows due by ``watermark`` in ``schedule_version``."""
+
+    round: int
+    watermark: datetime
+    schedule_version: int
+
+
+@dataclass(frozen=True)
+class RoundResult:
+    """What one round did.
+
+    Attributes:
+        round: the round number (the committed one when something was committed).
+        watermark: the round's cutoff time.
+        delivered: rows written into topic tables.
+        per_topic: rows per topic.
+        committed: whether progress was committed.
+        replayed: whether this round replayed a plan left by a crash.
+        seconds: wall time the round took.
+    """
+
+    round: int
+    watermark: datetime
+    delivered: int
+    per_topic: Mapping[str, int]
+    committed: bool
+    replayed: bool
+    seconds: float
+
+
+def candidate_condition(prev: Progress, plan: Plan) -> Column:
+    """Rows a round must look at: the due window, and everything stamped since ``prev``.
+
+    The second part reads rows stamped since the last commit even if they are not due,
+    so the round learns the new ``stamp_batch`` high mark from the same scan.
+    """
+    deliver, batch = F.col("deliver_ts"), F.col("stamp_batch")
+    window = (deliver > F.lit(prev.watermark)) & (deliver <= F.lit(plan.watermark))
+    return window | (batch > F.lit(prev.stamp_batch))
+
+
+def due_condition(plan: Plan) -> Column:
+    """Among the candidates, the rows to deliver now: due by the round's watermark."""
+    return F.col("deliver_ts") <= F.lit(plan.watermark)
+
+
+def to_topic_rows(due: DataFrame, delivered_ts: datetime, round_: int) -> DataFrame:
+    """Shape due ``schedule`` rows as topic-table rows."""
+    extra = {
+        "delivered_ts": F.lit(delivered_ts).cast("timestamp"),
+        "delivery_round": F.lit(round_).cast("long"),
+    }
+    return due.select(*[extra.get(c, F.col(c)).alias(c) for c in column_names(TOPIC)])
+
+
+# --------------------------------------------------------------------------- checkpoint I/O
+
+#: Committed rounds kept in the offset log (older files are deleted).
+RETAIN_ROUNDS = 1000
+
+
+def _ts(value: object) -> datetime | None:
+    if value is None:
+        return None
+    parsed = datetime.fromisoformat(str(value))
+    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
+
+
+def read_checkpoint(spark: SparkSession, layout: Layout) -> tuple[Progress, Plan | None]:
+    """Load the committed progress and a pending plan (if a round was interrupted)."""
+    last, rows, plan_rows = OffsetLog(spark, layout.delay_offset).latest()
+    checkpoint_id = (rows or plan_rows or [{}])[0].get("checkpoint_id") or uuid.uuid4().hex
+    progress = Progress(checkpoint_id=checkpoint_id)
+    if last is not None and rows:
+        head = rows[0]
+        progress = replace(
+            progress,
+            round=int(head["round"]),
+            watermark=_ts(head["watermark"]) or EPOCH,
+            schedule_version=int(head["schedule_version"]),
+            stamp_batch=int(head["stamp_batch"]),
+            queues={
+                int(r["queue_id"]): QueueProgress(
+                    int(r["delivered_total"]), _ts(r["last_deliver_ts"])
+                )
+                for r in rows
+                if r.get("queue_id") is not None
+            },
+        )
+    plan = None
+    if plan_rows:
+        p = plan_rows[0]
+        plan = Plan(int(p["round"]), _ts(p["watermark"]) or EPOCH, int(p["schedule_version"]))
+    return progress, plan
+
+
+def checkpoint_rows(
+    progress: Progress, plan: Plan | None, delivered: Mapping[int, int], now: datetime
+) -> list[dict[str, object]]:
+    """The ``DELAY_OFFSET`` rows of a committed round, or of a plan (one row)."""
+    common = {
+        "checkpoint_id": progress.checkpoint_id,
+        "stamp_batch": progress.stamp_batch,
+        "updated_ts": now.isoformat(),
+    }
+    if plan is not None:
+        return [
+            {
+                **common, "status": PLANNED, "queue_id": None, "round": plan.round,
+                "watermark": plan.watermark.isoformat(), "schedule_version": plan.schedule_version,
+                "delivered": 0, "delivered_total": 0, "last_deliver_ts": None,
+            }
+        ]  # fmt: skip
+    return [
+        {
+            **common, "status": COMMITTED, "queue_id": queue_id, "round": progress.round,
+            "watermark": progress.watermark.isoformat(),
+            "schedule_version": progress.schedule_version,
+            "delivered": delivered.get(queue_id, 0), "delivered_total": q.delivered_total,
+            "last_deliver_ts": q.last_deliver_ts.isoformat() if q.last_deliver_ts else None,
+        }
+        for queue_id, q in sorted(progress.queues.items())
+    ]  # fmt: skip
+
+
+def latest_version(spark: SparkSession, path: str) -> int:
+    """The latest committed version of a Delta table."""
+    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
+    return int(row[0]) if row else -1
+
+
+# --------------------------------------------------------------------------- the stage
+
+
+class Delivery:
+    """Runs delivery rounds against one lakehouse; keeps the committed progress in memory.
+
+    Use :meth:`run_round` as the body of a ``foreachBatch`` (see ``engine.runner``), or
+    call it directly with a fake clock in tests.
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: engine configuration.
+        layout: table paths.
+        clock: the engine clock.
+        after_topic_writes: test hook called after the topic writes and before the commit
+            (raise from it to simulate a crash there).
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        cfg: EngineConfig,
+        layout: Layout,
+        clock: Clock,
+        after_topic_writes: Callable[[Plan], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.layout = layout
+        self.clock = clock
+        self.after_topic_writes = after_topic_writes
+        self.offsets = OffsetLog(spark, layout.delay_offset)
+        self.progress, self.pending = read_checkpoint(spark, layout)
+        self._last_commit = time.monotonic()
+        self._known_topics: set[str] = set()
+
+    @property
+    def app_id(self) -> str:
+        """``txnAppId`` of this checkpoint's topic writes."""
+        return f"delayq-deliver-{self.progress.checkpoint_id}"
+
+    def run_round(self) -> RoundResult:
+        """Deliver what is due now; replays an interrupted round first.
+
+        Returns:
+            What the round did. A round with nothing to deliver and nothing new writes
+            nothing, except a progress flush every ``delivery.checkpoint_flush_interval``.
+        """
+        started = time.monotonic()
+        prev = self.progress
+        replayed = self.pending is not None
+        plan = self.pending or Plan(
+            round=prev.round + 1,
+            watermark=max(self.clock.now(), prev.watermark),
+            schedule_version=latest_version(self.spark, self.layout.schedule),
+        )
+        candidates = (
+            self.spark.read.format("delta")
+            .option("versionAsOf", plan.schedule_version)
+            .load(self.layout.schedule)
+            .where(candidate_condition(prev, plan))
+            .withColumn("_due", due_condition(plan))
+            .persist()
+        )
+        try:
+            summary = (
+                candidates.groupBy("topic", "queue_id", "_due")
+                .agg(
+                    F.count(F.lit(1)).alias("n"),
+                    F.max("stamp_batch").alias("max_batch"),
+                    F.max("deliver_ts").alias("max_deliver"),
+                )
+                .collect()
+            )
+            high_batch = max([prev.stamp_batch, *(r["max_batch"] for r in summary)])
+            due = [r for r in summary if r["_due"]]
+            if not due and not replayed:
+                flush_due = (time.monotonic() - self._last_commit) * 1000 >= (
+                    self.cfg.checkpoint_flush_ms
+                )
+                if high_batch == prev.stamp_batch and not flush_due:
+                    return self._result(prev.round, plan, {}, False, False, started)
+            if due and not replayed:
+                self.offsets.write(
+                    plan.round, checkpoint_rows(prev, plan, {}, self.clock.now()), planned=True
+                )
+                self.pending = plan
+            per_topic = self._write_topics(candidates.where("_due"), due, plan)
+            if self.after_topic_writes is not None:
+                self.after_topic_writes(plan)
+            self._commit(prev, plan, due, high_batch)
+            return self._result(plan.round, plan, per_topic, True, replayed, started)
+        finally:
+            candidates.unpersist()
+
+    def _write_topics(self, due_rows: DataFrame, due: list, plan: Plan) -> dict[str, int]:  # type: ignore[type-arg]
+        per_topic: dict[str, int] = {}
+        for r in due:
+            per_topic[r["topic"]] = per_topic.get(r["topic"], 0) + r["n"]
+        delivered_ts = self.clock.now()
+
+        def write(topic: str) -> None:
+            (
+                to_topic_rows(due_rows.where(F.col("topic") == topic), delivered_ts, plan.round)
+                .write.format("delta")
+                .mode("append")
+                .option("txnAppId", self.app_id)
+                .option("txnVersion", plan.round)
+                .save(self.layout.topic(topic))
+            )
+
+        # Each write is one Delta commit, mostly driver-side latency: overlap them.
+        with ThreadPoolExecutor(max_workers=TOPIC_WRITERS) as pool:
+            list(pool.map(write, sorted(per_topic)))
+        for topic in sorted(per_topic):
+            name = topic_table_name(topic)
+            if self.cfg.register_tables and name not in self._known_topics:
+                register_table(self.spark, self.cfg, name, self.layout.topic(topic))
+                self._known_topics.add(name)
+        return per_topic
+
+    def _commit(self, prev: Progress, plan: Plan, due: list, high_batch: int) -> None:  # type: ignore[type-arg]
+        queues = dict(prev.queues)
+        for level in range(self.cfg.levels.max_level + 1):
+            queues.setdefault(level, QueueProgress())
+        delivered: dict[int, int] = {}
+        for r in due:
+            q = queues[r["queue_id"]]
+            last = _ts_aware(r["max_deliver"])
+            queues[r["queue_id"]] = QueueProgress(
+                q.delivered_total + r["n"],
+                max(last, q.last_deliver_ts) if q.last_deliver_ts else last,
+            )
+            delivered[r["queue_id"]] = delivered.get(r["queue_id"], 0) + r["n"]
+        progress = replace(
+            prev,
+            round=plan.round,
+            watermark=plan.watermark,
+            schedule_version=plan.schedule_version,
+            stamp_batch=high_batch,
+            queues=queues,
+        )
+        self.offsets.write(plan.round, checkpoint_rows(progress, None, delivered, self.clock.now()))
+        self.progress, self.pending = progress, None
+        if self.cfg.register_tables and "delay_offset" not in self._known_topics:
+            self.spark.sql(view_sql(self.cfg.database, self.layout.delay_offset))
+            self._known_topics.add("delay_offset")
+        if plan.round % 100 == 0:
+            self.offsets.purge(plan.round - RETAIN_ROUNDS)
+        self._last_commit = time.monotonic()
+
+    def _result(
+        self,
+        round_: int,
+        plan: Plan,
+        per_topic: Mapping[str, int],
+        committed: bool,
+        replayed: bool,
+        started: float,
+    ) -> RoundResult:
+        return RoundResult(
+            round=round_,
+            watermark=plan.watermark,
+            delivered=sum(per_topic.values()),
+            per_topic=dict(per_topic),
+            committed=committed,
+            replayed=replayed,
+            seconds=time.monotonic() - started,
+        )
+
+
+def _ts_aware(value: datetime) -> datetime:
+    # Spark returns naive datetimes in the session time zone, which the engine pins to UTC.
+    return value if value.tzinfo else value.replace(tzinfo=UTC)
+
+
+def correct_deliver_timestamps(
+    spark: SparkSession, cfg: EngineConfig, layout: Layout, now: datetime, floor: datetime
+) -> int:
+    """RocketMQ's correctDeliverTimestamp, applied once at start.
+
+    A waiting row whose ``deliver_ts`` is later than ``now`` + its level's *current* delay
+    (the level table was shortened, or the clock moved back) becomes due now. Its new
+    ``deliver_ts`` is ``max(now, floor + 1 ms)`` where ``floor`` is the committed watermark,
+    so the next round is sure to pick it up.
+
+    Returns:
+        How many rows were corrected.
+    """
+    due_at = max(now, floor + timedelta(milliseconds=1))
+    levels = cfg.levels
+    limits = [
+        (q, now + timedelta(milliseconds=levels.delay_ms(q))) for q in range(levels.max_level + 1)
+    ]
+    too_late = F.lit(False)
+    for queue_id, limit in limits:
+        too_late = too_late | (
+            (F.col("queue_id") == queue_id) & (F.col("deliver_ts") > F.lit(limit))
+        )
+    beyond = now + timedelta(milliseconds=levels.delay_ms(levels.max_level))
+    too_late = too_late | (
+        (F.col("queue_id") > levels.max_level) & (F.col("deliver_ts") > F.lit(beyond))
+    )
+    # Rows at or below the committed watermark may be delivered already: never move them.
+    too_late = too_late & (F.col("deliver_ts") > F.lit(floor))
+    table = DeltaTable.forPath(spark, layout.schedule)
+    before = latest_version(spark, layout.schedule)
+    table.update(condition=too_late, set={"deliver_ts": F.lit(due_at)})
+    last = table.history(1).select("version", "operation", "operationMetrics").first()
+    if last is None or last["version"] == before or last["operation"] != "UPDATE":
+        return 0
+    return int(last["operationMetrics"].get("numUpdatedRows", "0"))
+
+
+__all__ = [
+    "Delivery",
+    "Plan",
+    "Progress",
+    "QueueProgress",
+    "RoundResult",
+    "candidate_condition",
+    "checkpoint_rows",
+    "correct_deliver_timestamps",
+    "due_condition",
+    "read_checkpoint",
+    "to_topic_rows",
+]

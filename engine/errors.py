@@ -1,0 +1,43 @@
+"""One exception hierarchy for the engine.
+
+Every error the engine raises on purpose derives from :class:`DelayQError`. Callers that
+want to retry catch :class:`RetryableError`; everything else is terminal and needs a fix
+in input, configuration or environment.
+"""
+
+from __future__ import annotations
+
+
+class DelayQError(Exception):
+    """Root of every error raised by the engine."""
+
+
+class ConfigError(DelayQError):
+    """Raised when configuration is invalid; the message names the key and the value."""
+
+    def __init__(self, key: str, value: object, problem: str) -> None:
+        self.key = key
+        self.value = value
+        super().__init__(f"invalid configuration {key}={value!r}: {problem}")
+
+
+class InvalidMessageError(DelayQError):
+    """Raised at send time when a message cannot be accepted; names the field and value."""
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        self.field = field
+        self.value = value
+        shown = value if not isinstance(value, bytes | str) or len(value) <= 60 else value[:60]
+        super().__init__(f"invalid message {field}={shown!r}: {problem}")
+
+
+class EnvironmentError_(DelayQError):
+    """Raised when the runtime is not set up (Java, jars); says what to install or run."""
+
+
+class RetryableError(DelayQError):
+    """Raised for a transient failure (a storage conflict, a lost executor): retry the step."""
+
+
+class CheckpointError(DelayQError):
+    """Raised when the delayOffset checkpoint is inconsistent with the tables it guards."""

@@ -1,0 +1,266 @@
+"""Send messages into ``commitlog``: one, many, or a whole DataFrame.
+
+Every message is validated before anything is written; a bad message raises
+:class:`~engine.errors.InvalidMessageError` naming the field and value, and nothing of that
+call is written. ``store_ts`` is assigned from the engine's clock when the rows are
+committed, never taken from the producer (``born_ts`` is the producer's own time).
+
+Example:
+    >>> send(spark, cfg, "orders", b'{"id": 1}', keys=["order-1"], delay_level=3)  # doctest: +SKIP
+    '9F1C...'
+    >>> batch = [Message("orders", "a"), Message("audit", "b", delay_level=1)]
+    >>> ids = send_many(spark, cfg, batch)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from engine.clock import Clock, SystemClock
+from engine.config import EngineConfig
+from engine.errors import InvalidMessageError
+from engine.tables import RESERVED_TOPICS, TOPIC_PATTERN, check_topic, ensure_tables
+from schemas import COMMITLOG, column_names
+
+
+@dataclass(frozen=True)
+class Message:
+    """A message to send.
+
+    Attributes:
+        topic: the real topic it is delivered to (a SQL identifier).
+        body: payload; ``str`` is encoded as UTF-8.
+        keys: lookup keys; a string is split on spaces, like RocketMQ's ``KEYS``.
+        tags: one tag, for consumers' filters.
+        properties: user properties, string to string.
+        delay_level: RocketMQ delay level; ``None`` or ``<= 0`` delivers at once,
+            above the maximum is clamped.
+        born_ts: the producer's own time (informational, UTC-aware).
+    """
+
+    topic: str
+    body: bytes | str
+    keys: Sequence[str] | str | None = None
+    tags: str | None = None
+    properties: Mapping[str, str] | None = None
+    delay_level: int | None = None
+    born_ts: datetime | None = None
+
+
+def validate(message: Message, cfg: EngineConfig) -> dict[str, Any]:
+    """Check a message and return its ``commitlog`` fields (without id and store time).
+
+    Raises:
+        InvalidMessageError: naming the first bad field and its value.
+    """
+    check_topic(message.topic)
+    body = message.body
+    if isinstance(body, str):
+        body = body.encode("utf-8")
+    if not isinstance(body, bytes | bytearray):
+        raise InvalidMessageError("body", body, "must be bytes or str")
+    if len(body) > cfg.max_body_bytes:
+        raise InvalidMessageError(
+            "body",
+            f"<{len(body)} bytes>",
+            f"larger than messages.max_body_bytes={cfg.max_body_bytes}",
+        )
+    keys = message.keys
+    if isinstance(keys, str):
+        keys = keys.split()
+    keys = list(keys or [])
+    for key in keys:
+        if not isinstance(key, str) or not key:
+            raise InvalidMessageError("keys", message.keys, "each key must be a non-empty string")
+    if message.tags is not None and not isinstance(message.tags, str):
+        raise InvalidMessageError("tags", message.tags, "must be a string")
+    properties = dict(message.properties or {})
+    for name, value in properties.items():
+        if not isinstance(name, str) or not name:
+            raise InvalidMessageError(
+                "properties", name, "property names must be non-empty strings"
+            )
+        if not isinstance(value, str):
+            raise InvalidMessageError(
+                f"properties[{name!r}]", value, "property values must be strings"
+            )
+    level = message.delay_level
+    if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
+        raise InvalidMessageError("delay_level", level, "must be a whole number or None")
+    if level is not None and not -(2**31) <= level < 2**31:
+        raise InvalidMessageError("delay_level", level, "out of range")
+    born = message.born_ts
+    if born is not None and (not isinstance(born, datetime) or born.utcoffset() is None):
+        raise InvalidMessageError("born_ts", born, "must be a timezone-aware datetime")
+    return {
+        "topic": message.topic,
+        "keys": keys,
+        "tags": message.tags,
+        "properties": properties,
+        "body": bytes(body),
+        "delay_level": level,
+        "born_ts": born,
+    }
+
+
+def new_msg_id() -> str:
+    """A new message id: 32 upper-case hex digits, like RocketMQ's."""
+    return uuid.uuid4().hex.upper()
+
+
+def send_many(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    messages: Iterable[Message | Mapping[str, Any]],
+    clock: Clock | None = None,
+) -> list[str]:
+    """Validate and append messages to ``commitlog`` in one commit.
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: engine configuration (lakehouse, max body size).
+        messages: :class:`Message` objects or dicts with the same fields.
+        clock: source of ``store_ts`` (and of ``born_ts`` when not given).
+
+    Returns:
+        The message ids, in input order.
+
+    Raises:
+        InvalidMessageError: when any message is bad; nothing is written then.
+    """
+    clock = clock or SystemClock()
+    fields = []
+    for i, item in enumerate(messages):
+        message = item if isinstance(item, Message) else _from_mapping(item, i)
+        fields.append(validate(message, cfg))
+    if not fields:
+        return []
+    ids = [new_msg_id() for _ in fields]
+    lay = ensure_tables(spark, cfg)
+    store_ts = clock.now()
+    rows = [
+        {**f, "msg_id": msg_id, "born_ts": f["born_ts"] or store_ts, "store_ts": store_ts}
+        for f, msg_id in zip(fields, ids, strict=True)
+    ]
+    df = spark.createDataFrame(
+        [tuple(r[c] for c in column_names(COMMITLOG)) for r in rows], COMMITLOG
+    )
+    df.write.format("delta").mode("append").save(lay.commitlog)
+    return ids
+
+
+def send(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    topic: str,
+    body: bytes | str,
+    *,
+    keys: Sequence[str] | str | None = None,
+    tags: str | None = None,
+    properties: Mapping[str, str] | None = None,
+    delay_level: int | None = None,
+    clock: Clock | None = None,
+) -> str:
+    """Send one message and return its id.
+
+    Example:
+        >>> send(spark, cfg, "orders", "paid", delay_level=2)  # doctest: +SKIP
+        '3F2A...'
+    """
+    message = Message(topic, body, keys, tags, properties, delay_level)
+    return send_many(spark, cfg, [message], clock)[0]
+
+
+def _from_mapping(item: Mapping[str, Any], index: int) -> Message:
+    allowed = {"topic", "body", "keys", "tags", "properties", "delay_level", "born_ts"}
+    unknown = set(item) - allowed
+    if unknown:
+        raise InvalidMessageError(f"messages[{index}]", sorted(unknown), "unknown fields")
+    if "topic" not in item or "body" not in item:
+        raise InvalidMessageError(f"messages[{index}]", dict(item), "topic and body are required")
+    return Message(**item)
+
+
+def rejection_reason(cfg: EngineConfig) -> Column:
+    """A column that is null for a valid ``commitlog`` row, else says what is wrong.
+
+    The same rules as :func:`validate`, for rows that did not come through it (a DataFrame
+    send, or a row inserted into ``commitlog`` by other means).
+    """
+    topic = F.col("topic")
+    reserved = F.lower(topic).isin(*sorted(RESERVED_TOPICS))
+    bad_property = F.exists(
+        F.map_entries(F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))),
+        lambda e: (F.length(e["key"]) == 0) | e["value"].isNull(),
+    )
+    return (
+        F.when(F.col("msg_id").isNull(), F.lit("msg_id is missing"))
+        .when(topic.isNull() | (topic == ""), F.lit("topic is missing"))
+        .when(
+            ~topic.rlike(TOPIC_PATTERN),
+            F.concat(F.lit("topic '"), topic, F.lit("' is not a valid topic name")),
+        )
+        .when(reserved, F.concat(F.lit("topic '"), topic, F.lit("' is an engine table name")))
+        .when(F.col("body").isNull(), F.lit("body is missing"))
+        .when(
+            F.length("body") > cfg.max_body_bytes,
+            F.concat(
+                F.lit("body is "),
+                F.length("body").cast("string"),
+                F.lit(f" bytes, over messages.max_body_bytes={cfg.max_body_bytes}"),
+            ),
+        )
+        .when(F.col("store_ts").isNull(), F.lit("store_ts is missing"))
+        .when(bad_property, F.lit("a property has an empty name or no value"))
+    )
+
+
+def send_df(
+    spark: SparkSession, cfg: EngineConfig, df: DataFrame, clock: Clock | None = None
+) -> int:
+    """Append every row of ``df`` to ``commitlog`` and return how many were sent.
+
+    ``df`` needs ``topic`` and ``body`` (string or binary) and may have ``keys``,
+    ``tags``, ``properties``, ``delay_level`` and ``born_ts``. Ids are generated;
+    find them in ``commitlog`` (or the topic) by key.
+
+    Raises:
+        InvalidMessageError: when a row is bad (the first one is shown); nothing is written.
+    """
+    clock = clock or SystemClock()
+    missing = {"topic", "body"} - set(df.columns)
+    if missing:
+        raise InvalidMessageError("columns", sorted(df.columns), f"missing {sorted(missing)}")
+    unknown = set(df.columns) - set(column_names(COMMITLOG))
+    if unknown:
+        raise InvalidMessageError("columns", sorted(unknown), "not commitlog columns")
+    store_ts = clock.now()
+    present = set(df.columns)
+
+    def column(name: str) -> Column:
+        if name == "msg_id":
+            return F.expr("upper(replace(uuid(), '-', ''))")
+        if name == "store_ts":
+            return F.lit(store_ts)
+        if name == "born_ts":
+            return F.coalesce(F.col(name), F.lit(store_ts)) if name in present else F.lit(store_ts)
+        return F.col(name) if name in present else F.lit(None)
+
+    shaped = df.select(*[column(f.name).cast(f.dataType).alias(f.name) for f in COMMITLOG.fields])
+    checked = shaped.withColumn("_reason", rejection_reason(cfg)).cache()
+    try:
+        first_bad = checked.where(F.col("_reason").isNotNull()).select("_reason", "topic").first()
+        if first_bad is not None:
+            raise InvalidMessageError("row", first_bad["topic"], first_bad["_reason"])
+        lay = ensure_tables(spark, cfg)
+        checked.drop("_reason").write.format("delta").mode("append").save(lay.commitlog)
+        return checked.count()
+    finally:
+        checked.unpersist()

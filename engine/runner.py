@@ -1,0 +1,330 @@
+"""Run the engine: the stamping stream and the delivery stage, with progress and status.
+
+Two streaming queries run in one Spark application:
+
+* ``delayq-stamp``: ``commitlog`` (Delta source) -> ``foreachBatch`` (:class:`StampWriter`)
+  -> ``schedule`` / ``quarantine``;
+* ``delayq-deliver``: a ``rate-micro-batch`` ticker -> ``foreachBatch`` running one
+  delivery round (:meth:`Delivery.run_round`) per tick.
+
+Example:
+    >>> engine = Engine(spark, cfg)              # doctest: +SKIP
+    >>> engine.run(until_idle=True)              # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming import StreamingQuery
+
+from engine.clock import Clock, SystemClock
+from engine.config import EngineConfig
+from engine.delivery import (
+    Delivery,
+    Plan,
+    Progress,
+    RoundResult,
+    correct_deliver_timestamps,
+    read_checkpoint,
+)
+from engine.errors import CheckpointError
+from engine.stamp import StampWriter
+from engine.tables import Layout, ensure_tables, list_topics, register_topic_tables
+
+log = logging.getLogger("delayq")
+
+STAMP_QUERY = "delayq-stamp"
+DELIVER_QUERY = "delayq-deliver"
+ERROR_BACKOFF_S = 10.0  # RocketMQ waits 10 s after a failed delivery attempt
+IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is pending
+
+
+@dataclass(frozen=True)
+class Status:
+    """What the engine holds right now.
+
+    Attributes:
+        sent: rows in ``commitlog``.
+        unstamped: rows sent but not yet stamped or quarantined.
+        pending: per queue, stamped rows not yet delivered.
+        delivered: per queue, rows delivered so far.
+        quarantined: rows refused, with a reason in ``quarantine``.
+        watermark: the committed delivery watermark.
+    """
+
+    sent: int
+    unstamped: int
+    pending: dict[int, int]
+    delivered: dict[int, int]
+    quarantined: int
+    watermark: str
+
+    @property
+    def pending_total(self) -> int:
+        """Rows stamped and waiting."""
+        return sum(self.pending.values())
+
+    @property
+    def idle(self) -> bool:
+        """Nothing waits: every sent row is delivered or quarantined."""
+        return self.unstamped == 0 and self.pending_total == 0
+
+    def line(self, label: Callable[[int], str]) -> str:
+        """One progress line, e.g. ``pending L1 (1s)=3 | delivered 12 | quarantined 0``."""
+        waiting = " ".join(f"{label(q)}={n}" for q, n in sorted(self.pending.items()) if n)
+        return (
+            f"sent {self.sent} | to stamp {self.unstamped} | pending {waiting or 'none'}"
+            f" | delivered {sum(self.delivered.values())} | quarantined {self.quarantined}"
+        )
+
+
+def _count(spark: SparkSession, path: str) -> int:
+    # A plain count(*) on a Delta table is answered from the log's statistics.
+    return int(spark.read.format("delta").load(path).count())
+
+
+def read_status(
+    spark: SparkSession, cfg: EngineConfig, layout: Layout, progress: Progress | None = None
+) -> Status:
+    """Compute :class:`Status` from the tables (and the given or stored checkpoint)."""
+    if progress is None:
+        progress, _ = read_checkpoint(spark, layout)
+    stamped = {
+        r["queue_id"]: r["n"]
+        for r in spark.read.format("delta")
+        .load(layout.schedule)
+        .groupBy("queue_id")
+        .agg(F.count(F.lit(1)).alias("n"))
+        .collect()
+    }
+    delivered = {q: p.delivered_total for q, p in progress.queues.items() if p.delivered_total}
+    pending = {q: n - delivered.get(q, 0) for q, n in stamped.items()}
+    sent = _count(spark, layout.commitlog)
+    quarantined = _count(spark, layout.quarantine)
+    return Status(
+        sent=sent,
+        unstamped=max(sent - sum(stamped.values()) - quarantined, 0),
+        pending=pending,
+        delivered=delivered,
+        quarantined=quarantined,
+        watermark=progress.watermark.isoformat(timespec="milliseconds"),
+    )
+
+
+@dataclass
+class DeliveryStats:
+    """Running totals of the delivery stage since the process started."""
+
+    rounds: int = 0
+    delivered: int = 0
+    errors: int = 0
+    last_error: str = ""
+    round_seconds: list[float] = field(default_factory=list)
+
+
+class Engine:
+    """The delayed-delivery engine over one lakehouse.
+
+    Args:
+        spark: a Delta-enabled session (:func:`engine.session.build_spark`).
+        cfg: engine configuration.
+        clock: the engine clock; the system clock by default.
+        out: where progress lines go.
+        after_topic_writes: test hook, see :class:`~engine.delivery.Delivery`.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        cfg: EngineConfig,
+        clock: Clock | None = None,
+        out: Callable[[str], None] = print,
+        after_topic_writes: Callable[[Plan], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.clock = clock or SystemClock()
+        self.out = out
+        self.layout = ensure_tables(spark, cfg)
+        if cfg.register_tables:
+            register_topic_tables(spark, cfg)
+        self.stamper = StampWriter(cfg, self.layout, self.clock)
+        self._check_stamp_checkpoint()
+        self.delivery = Delivery(spark, cfg, self.layout, self.clock, after_topic_writes)
+        self.stats = DeliveryStats()
+        self.queries: list[StreamingQuery] = []
+        self._stopping = threading.Event()
+        self._recover()
+
+    # ----------------------------------------------------------------- start-up
+
+    def _check_stamp_checkpoint(self) -> None:
+        jvm = self.spark.sparkContext._jvm
+        offsets = jvm.org.apache.hadoop.fs.Path(self.layout.checkpoint("stamp") + "/offsets")  # type: ignore[union-attr]
+        fs = offsets.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+        stamped = not self.spark.read.format("delta").load(self.layout.schedule).isEmpty()
+        if stamped and not fs.exists(offsets):
+            raise CheckpointError(
+                f"{self.layout.schedule} holds stamped rows but the stamping checkpoint "
+                f"{self.layout.checkpoint('stamp')} is missing: restore it, or start from an "
+                "empty lakehouse (stamping again would schedule every message twice)"
+            )
+
+    def _recover(self) -> None:
+        if self.delivery.pending is not None:
+            plan = self.delivery.pending
+            self.out(
+                f"replaying interrupted delivery round {plan.round} (watermark {plan.watermark})"
+            )
+            result = self.delivery.run_round()
+            self.out(f"round {result.round} replayed: {result.delivered} rows written")
+        corrected = correct_deliver_timestamps(
+            self.spark, self.cfg, self.layout, self.clock.now(), self.delivery.progress.watermark
+        )
+        if corrected:
+            self.out(
+                f"{corrected} scheduled rows were due later than their level now allows "
+                "(level table shortened or clock moved): they are due now"
+            )
+
+    # ----------------------------------------------------------------- stepping
+
+    def stamp_available(self) -> None:
+        """Stamp everything in ``commitlog`` now (an ``availableNow`` run of the stamp stream)."""
+        query = self._stamp_query(available_now=True)
+        try:
+            query.awaitTermination()
+        finally:
+            query.stop()
+
+    def step(self) -> RoundResult:
+        """Stamp what is available, then run one delivery round; for tests and notebooks."""
+        self.stamp_available()
+        return self._deliver()
+
+    def _deliver(self) -> RoundResult:
+        result = self.delivery.run_round()
+        self.stats.rounds += 1
+        self.stats.delivered += result.delivered
+        if result.delivered:
+            self.stats.round_seconds.append(result.seconds)
+        return result
+
+    # ----------------------------------------------------------------- streaming
+
+    def _stamp_query(self, available_now: bool = False) -> StreamingQuery:
+        writer = (
+            self.spark.readStream.format("delta")
+            .option("maxFilesPerTrigger", self.cfg.stamp_max_files)
+            .load(self.layout.commitlog)
+            .writeStream.queryName(STAMP_QUERY)
+            .foreachBatch(self.stamper)
+            .option("checkpointLocation", self.layout.checkpoint("stamp"))
+        )
+        if available_now:
+            return writer.trigger(availableNow=True).start()
+        return writer.trigger(processingTime=f"{self.cfg.stamp_interval_ms} milliseconds").start()
+
+    def _tick(self, _batch: object, _batch_id: int) -> None:
+        if self._stopping.is_set():
+            return
+        try:
+            self._deliver()
+        except Exception as err:  # keep the stage alive; the plan makes a retry safe
+            if self._stopping.is_set():
+                return  # interrupted by stop(): the plan (if any) is replayed at restart
+            self.stats.errors += 1
+            self.stats.last_error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            log.exception("delivery round failed; retrying in %.0f s", ERROR_BACKOFF_S)
+            self._stopping.wait(ERROR_BACKOFF_S)
+
+    def start(self) -> None:
+        """Start the stamping stream and the delivery stage in the background."""
+        self._stopping.clear()
+        self.queries.append(self._stamp_query())
+        ticker = (
+            self.spark.readStream.format("rate-micro-batch")
+            .option("rowsPerBatch", 1)
+            .load()
+            .writeStream.queryName(DELIVER_QUERY)
+            .foreachBatch(self._tick)
+            .option("checkpointLocation", self.layout.checkpoint("delivery_ticker"))
+            .trigger(processingTime=f"{self.cfg.poll_interval_ms} milliseconds")
+            .start()
+        )
+        self.queries.append(ticker)
+
+    def stop(self) -> None:
+        """Stop both queries; an interrupted round is replayed at the next start."""
+        self._stopping.set()
+        for query in self.queries:
+            try:
+                query.stop()
+            except Exception:  # the JVM may already be going down (Ctrl-C under spark-submit)
+                log.debug("stopping %s failed", query.name, exc_info=True)
+        self.queries.clear()
+
+    def _check_queries(self) -> None:
+        for query in self.queries:
+            if not query.isActive and query.exception() is not None:
+                raise RuntimeError(f"{query.name} stopped: {query.exception()}")
+
+    # ----------------------------------------------------------------- status
+
+    def status(self) -> Status:
+        """What is sent, pending per level, delivered and quarantined, right now."""
+        return read_status(self.spark, self.cfg, self.layout, self.delivery.progress)
+
+    def progress_line(self) -> str:
+        """The status as one line, with the delivery stage's error count if any."""
+        line = self.status().line(self.cfg.levels.label)
+        if self.stats.errors:
+            line += f" | errors {self.stats.errors} (last: {self.stats.last_error})"
+        return line
+
+    def run(self, until_idle: bool = False, max_seconds: float | None = None) -> Status:
+        """Run until stopped (Ctrl-C), or until nothing is pending with ``until_idle``.
+
+        Prints a progress line every ``delivery.progress_interval``.
+
+        Returns:
+            The status when the run ended.
+        """
+        self.start()
+        started = time.monotonic()
+        interval = self.cfg.progress_interval_ms / 1000
+        next_line = started
+        next_idle_check = started
+        try:
+            while True:
+                self._check_queries()
+                now = time.monotonic()
+                if now >= next_line:
+                    self.out(f"[{self.clock.now():%H:%M:%S}] {self.progress_line()}")
+                    next_line = now + interval
+                if until_idle and now >= next_idle_check:
+                    if self.status().idle:
+                        break
+                    next_idle_check = now + IDLE_CHECK_S
+                if max_seconds is not None and now - started > max_seconds:
+                    self.out(f"stopping after --max-seconds {max_seconds:g}")
+                    break
+                time.sleep(min(0.5, interval))
+        except KeyboardInterrupt:
+            self.out("interrupted: stopping cleanly (an unfinished round is replayed on restart)")
+        finally:
+            self.stop()
+        final = self.status()
+        self.out(f"[{self.clock.now():%H:%M:%S}] {final.line(self.cfg.levels.label)}")
+        return final
+
+    def topics(self) -> list[str]:
+        """The topic tables in the lakehouse."""
+        return list_topics(self.spark, self.cfg)

@@ -1,0 +1,113 @@
+"""Build a Delta-enabled Spark session for the engine, jobs, notebooks and tests.
+
+Example:
+    >>> from engine.config import load_config
+    >>> spark = build_spark(load_config())            # doctest: +SKIP
+    >>> spark.sql("SELECT * FROM delayq.orders").show()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
+
+from engine.config import DEFAULT_CONF, EngineConfig
+from engine.errors import EnvironmentError_
+
+REPO_ROOT = DEFAULT_CONF.parent.parent
+
+#: Settings every engine session needs, whatever the deployment.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.ui.showConsoleProgress": "false",
+    # Plain log lines on the console; Spark 4 defaults to JSON.
+    "spark.log.structuredLogging.enabled": "false",
+}
+
+
+def jar_paths(cfg: EngineConfig) -> list[str]:
+    """The jars in ``cfg.jars_dir`` (relative to the cwd, else to the repository).
+
+    Raises:
+        EnvironmentError_: when the folder is missing or empty, saying to run ``make jars``.
+    """
+    folder = Path(cfg.jars_dir).expanduser()
+    if not folder.is_absolute() and not folder.is_dir():
+        folder = REPO_ROOT / cfg.jars_dir
+    jars = sorted(str(p.resolve()) for p in folder.glob("*.jar"))
+    if not jars:
+        raise EnvironmentError_(
+            f"no JVM jars in {folder} (spark.jars_dir): run `make jars` to fetch Delta with Maven"
+        )
+    return jars
+
+
+def require_java() -> None:
+    """Fail with one clear line when no Java runtime can be found."""
+    if not shutil.which("java") and not _java_home_ok():
+        raise EnvironmentError_(
+            "Java not found: install a JDK 17 (e.g. `apt-get install openjdk-17-jdk-headless`)"
+            " and put `java` on PATH or set JAVA_HOME"
+        )
+
+
+def _java_home_ok() -> bool:
+    import os
+
+    home = os.environ.get("JAVA_HOME")
+    return bool(home) and (Path(home) / "bin" / "java").exists()  # type: ignore[arg-type]
+
+
+def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> SparkSession:
+    """Return a Delta-enabled session, creating it if needed.
+
+    Under ``spark-submit`` the master and jars come from the command line (see the job
+    docstrings); otherwise the session runs on ``cfg.spark_master`` with the jars from
+    ``cfg.jars_dir``. Topic tables are registered by name when ``cfg.register_tables``.
+
+    Raises:
+        EnvironmentError_: when Java or the jars are missing, or Delta cannot be loaded.
+    """
+    require_java()
+    active = SparkSession.getActiveSession()
+    builder = SparkSession.builder.appName(cfg.app_name)
+    if active is None:
+        launched = SparkConf()  # under spark-submit this holds the command line's settings
+        if not launched.contains("spark.master"):
+            builder = builder.master(cfg.spark_master)
+        if not launched.contains("spark.jars"):
+            builder = builder.config("spark.jars", ",".join(jar_paths(cfg)))
+        warehouse = f"{cfg.lakehouse_path}/_warehouse"
+        builder = builder.config("spark.sql.warehouse.dir", warehouse)
+    for key, value in {**DELTA_CONF, **cfg.spark_conf, **(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(cfg.log_level.upper())
+    _check_delta(spark)
+    if cfg.register_tables:
+        from engine.tables import register_topic_tables
+
+        register_topic_tables(spark, cfg)
+    return spark
+
+
+def _check_delta(spark: SparkSession) -> None:
+    jvm = spark.sparkContext._jvm
+    try:
+        jvm.java.lang.Class.forName(  # type: ignore[union-attr]
+            "io.delta.tables.DeltaTable",
+            True,
+            jvm.Thread.currentThread().getContextClassLoader(),  # type: ignore[union-attr]
+        )
+    except Exception as err:  # py4j wraps ClassNotFoundException
+        raise EnvironmentError_(
+            "Delta Lake classes are not on the driver's classpath. Under spark-submit pass "
+            "`--properties-file .jars/spark-defaults.conf` (written by `make jars`)."
+        ) from err

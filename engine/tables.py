@@ -1,0 +1,186 @@
+"""Where each table lives in a lakehouse, creating the tables, and naming them in SQL.
+
+Layout under the lakehouse root::
+
+    commitlog/          every message sent
+    schedule/           stamped messages, partitioned by queue_id
+    quarantine/         messages refused by the engine, with the reason
+    delay_offset/       the delivery checkpoint (per-queue progress)
+    topics/<topic>/     one table per real topic
+    _checkpoints/       Spark streaming checkpoints
+
+Each topic table is registered as ``<database>.<topic>`` (lower case) and the engine's
+own tables as ``<database>.commitlog`` etc., so that any session built with
+:func:`engine.session.build_spark` can run ``SELECT * FROM delayq.orders``. Any other
+Delta-enabled session can read a table by path: ``SELECT * FROM delta.`<root>/topics/orders```.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from engine.config import EngineConfig
+from engine.errors import InvalidMessageError
+from engine.offsets import view_sql
+from schemas import COMMITLOG, QUARANTINE, SCHEDULE
+
+#: Topic names: a SQL identifier, so that the topic's table can be named in SQL.
+TOPIC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
+_TOPIC = re.compile(TOPIC_PATTERN)
+#: The engine's own tables share the database; topics may not take their names.
+RESERVED_TOPICS = frozenset({"commitlog", "schedule", "quarantine", "delay_offset"})
+_ENGINE_TABLES = ("commitlog", "schedule", "quarantine")
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Paths of every table in one lakehouse."""
+
+    root: str
+
+    @property
+    def commitlog(self) -> str:
+        """Path of the ``commitlog`` table."""
+        return f"{self.root}/commitlog"
+
+    @property
+    def schedule(self) -> str:
+        """Path of the ``schedule`` table."""
+        return f"{self.root}/schedule"
+
+    @property
+    def quarantine(self) -> str:
+        """Path of the ``quarantine`` table."""
+        return f"{self.root}/quarantine"
+
+    @property
+    def delay_offset(self) -> str:
+        """Path of the delivery checkpoint table."""
+        return f"{self.root}/delay_offset"
+
+    @property
+    def topics(self) -> str:
+        """Folder holding one table per topic."""
+        return f"{self.root}/topics"
+
+    def topic(self, topic: str) -> str:
+        """Path of one topic's table."""
+        return f"{self.topics}/{topic_table_name(topic)}"
+
+    def checkpoint(self, query: str) -> str:
+        """Spark checkpoint folder of a streaming query."""
+        return f"{self.root}/_checkpoints/{query}"
+
+
+def layout(cfg: EngineConfig) -> Layout:
+    """The layout of the lakehouse ``cfg`` points at."""
+    return Layout(cfg.lakehouse_path)
+
+
+def check_topic(topic: object) -> str:
+    """Return ``topic`` if it is a valid topic name, else raise naming it.
+
+    Raises:
+        InvalidMessageError: when the name is missing, not an identifier, or reserved.
+    """
+    if not isinstance(topic, str) or not topic:
+        raise InvalidMessageError("topic", topic, "a topic is required")
+    if not _TOPIC.match(topic):
+        raise InvalidMessageError(
+            "topic", topic, "must be letters, digits and _ (not starting with a digit), <= 128"
+        )
+    if topic.lower() in RESERVED_TOPICS:
+        raise InvalidMessageError("topic", topic, "is the name of an engine table")
+    return topic
+
+
+def topic_table_name(topic: str) -> str:
+    """The table name of a topic: its name in lower case (SQL names ignore case)."""
+    return topic.lower()
+
+
+def _create(spark: SparkSession, path: str, schema: StructType, partition: str | None) -> None:
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    if partition:
+        builder = builder.partitionedBy(partition)
+    try:
+        builder.execute()
+    except Exception:
+        # Another process may have created it between the check and the commit.
+        if not DeltaTable.isDeltaTable(spark, path):
+            raise
+
+
+def ensure_tables(spark: SparkSession, cfg: EngineConfig) -> Layout:
+    """Create the engine's tables if missing (safe to call again) and return the layout."""
+    lay = layout(cfg)
+    _create(spark, lay.commitlog, COMMITLOG, None)
+    _create(spark, lay.schedule, SCHEDULE, "queue_id")
+    _create(spark, lay.quarantine, QUARANTINE, None)
+    return lay
+
+
+def _fs(spark: SparkSession, folder: str) -> tuple[Any, Any]:
+    jvm = spark.sparkContext._jvm
+    path = jvm.org.apache.hadoop.fs.Path(folder)  # type: ignore[union-attr]
+    return path, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+
+
+def list_files(spark: SparkSession, folder: str, suffix: str = "") -> list[str]:
+    """Names of the visible files in ``folder`` ending with ``suffix`` (any filesystem)."""
+    path, fs = _fs(spark, folder)
+    if not fs.exists(path):
+        return []
+    return sorted(
+        name
+        for status in fs.listStatus(path)
+        if status.isFile()
+        and (name := status.getPath().getName()).endswith(suffix)
+        and not name.startswith((".", "_"))
+    )
+
+
+def list_topics(spark: SparkSession, cfg: EngineConfig) -> list[str]:
+    """Names of the topic tables that exist in the lakehouse (lower case, sorted)."""
+    path, fs = _fs(spark, layout(cfg).topics)
+    if not fs.exists(path):
+        return []
+    log = spark.sparkContext._jvm.org.apache.hadoop.fs.Path  # type: ignore[union-attr]
+    return sorted(
+        status.getPath().getName()
+        for status in fs.listStatus(path)
+        if status.isDirectory() and fs.exists(log(status.getPath(), "_delta_log"))
+    )
+
+
+def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str) -> None:
+    """Make the Delta table at ``path`` queryable as ``<database>.<name>``."""
+    spark.sql(f"CREATE DATABASE IF NOT EXISTS `{cfg.database}`")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS `{cfg.database}`.`{name}` USING delta LOCATION '{path}'")
+
+
+def register_topic_tables(spark: SparkSession, cfg: EngineConfig) -> list[str]:
+    """Register every existing topic table and the engine's tables by name.
+
+    Call again to pick up topics created since (``engine.refresh_tables(spark)``).
+
+    Returns:
+        The topic table names registered.
+    """
+    lay = layout(cfg)
+    for name in _ENGINE_TABLES:
+        path = getattr(lay, name)
+        if DeltaTable.isDeltaTable(spark, path):
+            register_table(spark, cfg, name, path)
+    if list_files(spark, lay.delay_offset, ".json"):
+        spark.sql(view_sql(cfg.database, lay.delay_offset))
+    topics = list_topics(spark, cfg)
+    for name in topics:
+        register_table(spark, cfg, name, f"{lay.topics}/{name}")
+    return topics

@@ -1,0 +1,41 @@
+"""The delayed-delivery engine as a Spark application.
+
+Runs the stamping stream and the delivery stage against the lakehouse in ``conf/``
+until Ctrl-C (or, with ``--until-idle``, until nothing is pending)::
+
+    .venv/bin/spark-submit --properties-file .jars/spark-defaults.conf \\
+        jobs/delay_engine.py [--conf conf/engine.toml] [--set key=value ...] \\
+        [--until-idle] [--max-seconds S] [--demo]
+
+``--properties-file`` (written by ``make jars``) puts Delta on ``spark.jars``; on a cluster
+add ``--master`` and point ``lakehouse.path`` at shared storage.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from engine.cli import add_run_arguments, cmd_run, config_from_args
+from engine.errors import DelayQError
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the job's arguments and run the engine."""
+    parser = argparse.ArgumentParser(
+        prog="delay_engine.py",
+        description="Run the delayed-delivery engine (stamping + delivery) until stopped.",
+    )
+    parser.add_argument("--conf", metavar="FILE", help="TOML config (default conf/engine.toml)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
+    add_run_arguments(parser)
+    args = parser.parse_args(argv)
+    try:
+        return cmd_run(args, config_from_args(args))
+    except DelayQError as err:
+        print(f"delay_engine: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,114 @@
+"""The Delta tables of a lakehouse and their columns.
+
+Columns are nullable on purpose: a row that reaches ``commitlog`` by some other route than
+the producer (a SQL ``INSERT``, another writer) may be incomplete, and the engine must be able
+to read it and quarantine it with a reason instead of failing.
+
+| table          | one row per                                   | partitioned by |
+|----------------|-----------------------------------------------|----------------|
+| ``commitlog``  | message sent                                  |                |
+| ``schedule``   | stamped message waiting for (or past) delivery | ``queue_id``  |
+| ``quarantine`` | message the engine refused, with the reason   |                |
+| ``topics/<t>`` | message delivered to topic ``t``              |                |
+| ``delay_offset`` | queue: the durable delivery checkpoint      |                |
+"""
+
+from __future__ import annotations
+
+from pyspark.sql.types import (
+    ArrayType,
+    BinaryType,
+    IntegerType,
+    LongType,
+    MapType,
+    StringType,
+    StructField,
+    StructType,
+    TimestampType,
+)
+
+
+def _fields(*pairs: tuple[str, object]) -> list[StructField]:
+    return [StructField(name, dtype, nullable=True) for name, dtype in pairs]  # type: ignore[arg-type]
+
+
+#: What a producer sends. ``store_ts`` is assigned when the row is committed here.
+_MESSAGE = _fields(
+    ("msg_id", StringType()),
+    ("topic", StringType()),
+    ("keys", ArrayType(StringType(), containsNull=False)),
+    ("tags", StringType()),
+    ("properties", MapType(StringType(), StringType(), valueContainsNull=True)),
+    ("body", BinaryType()),
+    ("delay_level", IntegerType()),
+    ("born_ts", TimestampType()),
+    ("store_ts", TimestampType()),
+)
+
+COMMITLOG = StructType(_MESSAGE)
+
+#: A stamped message: ``queue_id`` is the clamped level (0 = not delayed) and
+#: ``deliver_ts`` = ``store_ts`` + the level's delay (RocketMQ's tagsCode).
+#: ``stamp_batch`` is the stamping micro-batch that wrote the row.
+SCHEDULE = StructType(
+    _MESSAGE
+    + _fields(
+        ("queue_id", IntegerType()),
+        ("deliver_ts", TimestampType()),
+        ("stamp_batch", LongType()),
+        ("stamped_ts", TimestampType()),
+    )
+)
+
+QUARANTINE = StructType(
+    _MESSAGE
+    + _fields(
+        ("reason", StringType()),
+        ("stamp_batch", LongType()),
+        ("quarantined_ts", TimestampType()),
+    )
+)
+
+#: A delivered message in its real topic's table.
+TOPIC = StructType(
+    _fields(
+        ("msg_id", StringType()),
+        ("topic", StringType()),
+        ("keys", ArrayType(StringType(), containsNull=False)),
+        ("tags", StringType()),
+        ("properties", MapType(StringType(), StringType(), valueContainsNull=True)),
+        ("body", BinaryType()),
+        ("delay_level", IntegerType()),
+        ("queue_id", IntegerType()),
+        ("born_ts", TimestampType()),
+        ("store_ts", TimestampType()),
+        ("deliver_ts", TimestampType()),
+        ("delivered_ts", TimestampType()),
+        ("delivery_round", LongType()),
+    )
+)
+
+#: The delayOffset checkpoint: one ``committed`` row per queue holding that queue's
+#: progress, plus at most one ``planned`` row (``queue_id`` null) for a round whose topic
+#: writes may have started. ``watermark``/``schedule_version``/``stamp_batch`` fix which
+#: rows a round delivers, so a replayed round delivers exactly the same rows.
+DELAY_OFFSET = StructType(
+    _fields(
+        ("checkpoint_id", StringType()),
+        ("status", StringType()),
+        ("queue_id", IntegerType()),
+        ("round", LongType()),
+        ("watermark", TimestampType()),
+        ("schedule_version", LongType()),
+        ("stamp_batch", LongType()),
+        ("delivered", LongType()),
+        ("delivered_total", LongType()),
+        ("last_deliver_ts", TimestampType()),
+        ("updated_ts", TimestampType()),
+    )
+)
+
+
+def column_names(schema: StructType) -> list[str]:
+    """The column names of ``schema``, in order."""
+    return [f.name for f in schema.fields]
