@@ -39,6 +39,7 @@ from pyspark.sql import functions as F
 
 from engine.clock import EPOCH, Clock
 from engine.config import EngineConfig
+from engine.metrics import ScanMetrics, scan_metrics
 from engine.offsets import OffsetLog, view_sql
 from engine.tables import Layout, register_table, topic_table_name
 from schemas import TOPIC, column_names
@@ -106,6 +107,8 @@ class RoundResult:
         committed: whether progress was committed.
         replayed: whether this round replayed a plan left by a crash.
         seconds: wall time the round took.
+        files_read: ``schedule`` files the round's scan read (after data skipping).
+        rows_read: rows those files held (before the row filter).
     """
 
     round: int
@@ -115,6 +118,8 @@ class RoundResult:
     committed: bool
     replayed: bool
     seconds: float
+    files_read: int = 0
+    rows_read: int = 0
 
 
 def candidate_condition(prev: Progress, plan: Plan) -> Column:
@@ -280,38 +285,32 @@ class Delivery:
             .load(self.layout.schedule)
             .where(candidate_condition(prev, plan))
             .withColumn("_due", due_condition(plan))
-            .persist()
         )
-        try:
-            summary = (
-                candidates.groupBy("topic", "queue_id", "_due")
-                .agg(
-                    F.count(F.lit(1)).alias("n"),
-                    F.max("stamp_batch").alias("max_batch"),
-                    F.max("deliver_ts").alias("max_deliver"),
-                )
-                .collect()
+        grouped = candidates.groupBy("topic", "queue_id", "_due").agg(
+            F.count(F.lit(1)).alias("n"),
+            F.max("stamp_batch").alias("max_batch"),
+            F.max("deliver_ts").alias("max_deliver"),
+        )
+        summary = grouped.collect()
+        scanned = scan_metrics(grouped)
+        high_batch = max([prev.stamp_batch, *(r["max_batch"] for r in summary)])
+        due = [r for r in summary if r["_due"]]
+        if not due and not replayed:
+            flush_due = (time.monotonic() - self._last_commit) * 1000 >= (
+                self.cfg.checkpoint_flush_ms
             )
-            high_batch = max([prev.stamp_batch, *(r["max_batch"] for r in summary)])
-            due = [r for r in summary if r["_due"]]
-            if not due and not replayed:
-                flush_due = (time.monotonic() - self._last_commit) * 1000 >= (
-                    self.cfg.checkpoint_flush_ms
-                )
-                if high_batch == prev.stamp_batch and not flush_due:
-                    return self._result(prev.round, plan, {}, False, False, started)
-            if due and not replayed:
-                self.offsets.write(
-                    plan.round, checkpoint_rows(prev, plan, {}, self.clock.now()), planned=True
-                )
-                self.pending = plan
-            per_topic = self._write_topics(candidates.where("_due"), due, plan)
-            if self.after_topic_writes is not None:
-                self.after_topic_writes(plan)
-            self._commit(prev, plan, due, high_batch)
-            return self._result(plan.round, plan, per_topic, True, replayed, started)
-        finally:
-            candidates.unpersist()
+            if high_batch == prev.stamp_batch and not flush_due:
+                return self._result(prev.round, plan, {}, False, False, started, scanned)
+        if due and not replayed:
+            self.offsets.write(
+                plan.round, checkpoint_rows(prev, plan, {}, self.clock.now()), planned=True
+            )
+            self.pending = plan
+        per_topic = self._write_topics(candidates.where("_due"), due, plan)
+        if self.after_topic_writes is not None:
+            self.after_topic_writes(plan)
+        self._commit(prev, plan, due, high_batch)
+        return self._result(plan.round, plan, per_topic, True, replayed, started, scanned)
 
     def _write_topics(self, due_rows: DataFrame, due: list, plan: Plan) -> dict[str, int]:  # type: ignore[type-arg]
         per_topic: dict[str, int] = {}
@@ -377,6 +376,7 @@ class Delivery:
         committed: bool,
         replayed: bool,
         started: float,
+        scanned: ScanMetrics,
     ) -> RoundResult:
         return RoundResult(
             round=round_,
@@ -386,6 +386,8 @@ class Delivery:
             committed=committed,
             replayed=replayed,
             seconds=time.monotonic() - started,
+            files_read=scanned.files,
+            rows_read=scanned.rows,
         )
 
 

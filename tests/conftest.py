@@ -67,3 +67,24 @@ def make_cfg(tmp_path: pytest.TempPathFactory) -> object:
 def cfg(make_cfg: object) -> EngineConfig:
     """A config on a fresh lakehouse with levels ``1s 2s 3s``."""
     return make_cfg()  # type: ignore[operator, no-any-return]
+
+
+def delivered_rows(spark: SparkSession, cfg: EngineConfig) -> list[dict[str, object]]:
+    """Every row in every topic table of ``cfg``'s lakehouse, as dicts."""
+    from engine.tables import layout, list_topics
+
+    rows: list[dict[str, object]] = []
+    for name in list_topics(spark, cfg):
+        table = spark.read.format("delta").load(layout(cfg).topic(name))
+        rows.extend(r.asDict() for r in table.collect())
+    return rows
+
+
+def assert_exactly_once_never_early(rows: list[dict[str, object]], sent_ids: list[str]) -> None:
+    """Each sent id is in exactly one topic row, and no row arrived before its deliver time."""
+    ids = [r["msg_id"] for r in rows]
+    duplicates = {i for i in ids if ids.count(i) > 1}
+    assert not duplicates, f"delivered twice: {sorted(duplicates)[:5]}"
+    assert set(ids) == set(sent_ids), f"missing: {sorted(set(sent_ids) - set(ids))[:5]}"
+    early = [r["msg_id"] for r in rows if r["delivered_ts"] < r["deliver_ts"]]  # type: ignore[operator]
+    assert not early, f"delivered before deliver_ts: {early[:5]}"

@@ -1,0 +1,68 @@
+"""Configuration: defaults, overrides, and start-up failures that name key and value."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config import DEFAULT_CONF, EngineConfig, load_config, parse_override
+from engine.errors import ConfigError
+
+
+def test_shipped_conf_loads_with_rocketmq_defaults() -> None:
+    cfg = load_config(DEFAULT_CONF)
+    assert cfg.levels.max_level == 18
+    assert cfg.poll_interval_ms == 200
+    assert cfg.max_body_bytes == 4 * 1024 * 1024
+    assert cfg.database == "delayq"
+    assert cfg.spark_conf["spark.sql.shuffle.partitions"] == "2"
+
+
+def test_overrides_win_over_the_file() -> None:
+    cfg = load_config(DEFAULT_CONF, {"levels.delays": "1s 2s 3s", "delivery.poll_interval": "1s"})
+    assert cfg.levels.delays_ms == (1_000, 2_000, 3_000)
+    assert cfg.poll_interval_ms == 1_000
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "needle"),
+    [
+        ("levels.delays", "1s 2q", "'2q'"),
+        ("delivery.poll_interval", "fast", "fast"),
+        ("delivery.poll_interval", "0ms", "greater than 0"),
+        ("messages.max_body_bytes", "-1", "greater than 0"),
+        ("lakehouse.database", "my-db", "SQL identifier"),
+        ("sql.register_tables", "maybe", "true or false"),
+        ("delivery.pol_interval", "1s", "unknown key"),
+    ],
+)
+def test_bad_values_fail_naming_key_and_value(key: str, value: str, needle: str) -> None:
+    with pytest.raises(ConfigError) as err:
+        load_config(DEFAULT_CONF, {key: value})
+    message = str(err.value)
+    assert key in message
+    assert needle in message
+
+
+def test_missing_or_broken_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="file not found"):
+        load_config(tmp_path / "nope.toml")
+    broken = tmp_path / "broken.toml"
+    broken.write_text("[levels\n")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        load_config(broken)
+
+
+def test_config_is_frozen() -> None:
+    cfg = EngineConfig()
+    with pytest.raises(AttributeError):
+        cfg.database = "other"  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        cfg.spark_conf["x"] = "y"  # type: ignore[index]
+
+
+def test_parse_override() -> None:
+    assert parse_override("levels.delays=1s 2s") == ("levels.delays", "1s 2s")
+    with pytest.raises(ConfigError, match="key=value"):
+        parse_override("levels.delays")

@@ -1,0 +1,239 @@
+"""The delivery guarantees, on real Spark + Delta with levels ``1s 2s 3s`` and a fake clock."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from engine.clock import FakeClock
+from engine.config import EngineConfig
+from engine.delivery import Plan
+from engine.producer import Message, send_many
+from engine.runner import Engine
+from engine.tables import layout
+from tests.conftest import assert_exactly_once_never_early, delivered_rows
+
+pytestmark = pytest.mark.integration
+
+
+class Crash(RuntimeError):
+    """Stands for the process dying at a chosen point."""
+
+
+def mixed_messages(n: int, topics: tuple[str, ...] = ("orders", "audit")) -> list[Message]:
+    # levels -1..4: not delayed, each level, and one above the maximum (clamped to 3)
+    return [
+        Message(topics[i % len(topics)], f"body-{i}", keys=[f"k{i}"], delay_level=(i % 6) - 1)
+        for i in range(n)
+    ]
+
+
+def run_for(engine: Engine, clock: FakeClock, seconds: float, tick: float = 0.5) -> None:
+    """Step the engine while the fake clock moves ``seconds`` forward in ``tick`` steps."""
+    steps = round(seconds / tick)
+    for _ in range(steps):
+        clock.advance(seconds=tick)
+        engine.step()
+
+
+def test_every_message_arrives_exactly_once_and_never_early(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    ids = send_many(spark, cfg, mixed_messages(24), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    seen_at: dict[str, Any] = {}
+    for _ in range(8):  # 4 s of fake time in 0.5 s ticks
+        engine.step()
+        for row in delivered_rows(spark, cfg):
+            seen_at.setdefault(row["msg_id"], clock.now())
+        clock.advance(seconds=0.5)
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, ids)
+    for row in rows:
+        # visible in its topic no earlier than the fake time it was due
+        assert seen_at[row["msg_id"]] >= row["deliver_ts"].replace(tzinfo=clock.now().tzinfo)
+        expected = {-1: 0, 0: 0, 1: 1, 2: 2, 3: 3, 4: 3}[row["delay_level"]]
+        assert row["queue_id"] == expected
+        assert row["deliver_ts"] - row["store_ts"] == timedelta(seconds=expected)
+    assert engine.status().idle
+
+
+def test_clamped_level_waits_for_the_max_delay(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    [msg_id] = send_many(spark, cfg, [Message("orders", "late", delay_level=99)], clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    run_for(engine, clock, 2.5)
+    assert delivered_rows(spark, cfg) == []
+    run_for(engine, clock, 0.5)
+    [row] = delivered_rows(spark, cfg)
+    assert (row["msg_id"], row["queue_id"], row["delay_level"]) == (msg_id, 3, 99)
+
+
+def test_empty_rounds_write_nothing(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    result = engine.step()
+    assert (result.delivered, result.committed) == (0, False)
+    assert delivered_rows(spark, cfg) == []
+
+
+def test_many_topics_in_one_round(spark: SparkSession, cfg: EngineConfig, clock: FakeClock) -> None:
+    topics = tuple(f"topic_{i}" for i in range(6))
+    ids = send_many(spark, cfg, [Message(t, f"{t}-{n}") for t in topics for n in range(3)], clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    result = engine.step()
+    assert result.per_topic == dict.fromkeys(topics, 3)
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, ids)
+    assert all(r["body"].decode().startswith(r["topic"]) for r in rows)  # type: ignore[union-attr]
+
+
+def test_crash_between_topic_write_and_commit_replays_without_duplicates(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    ids = send_many(spark, cfg, mixed_messages(12), clock)
+
+    def crash(_plan: Plan) -> None:
+        raise Crash("killed after the topic writes, before the progress commit")
+
+    engine = Engine(spark, cfg, clock, out=lambda _: None, after_topic_writes=crash)
+    clock.advance(seconds=1)
+    with pytest.raises(Crash):
+        engine.step()
+    written = delivered_rows(spark, cfg)
+    assert written, "the topic writes happened before the crash"
+
+    # Later, more rows are due; a new process must first replay exactly the crashed round.
+    clock.advance(seconds=5)
+    restarted = Engine(spark, cfg, clock, out=lambda _: None)
+    after_replay = delivered_rows(spark, cfg)
+    assert sorted(r["msg_id"] for r in after_replay) == sorted(r["msg_id"] for r in written)
+    restarted.step()
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+
+
+def test_crash_after_some_topics_replays_the_rest(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ids = send_many(spark, cfg, mixed_messages(12, topics=("alpha", "beta")), clock)
+    import engine.delivery as delivery
+
+    real = delivery.to_topic_rows
+
+    def fail_beta(due: Any, delivered_ts: Any, round_: int) -> Any:
+        if due.select("topic").first()["topic"] == "beta":
+            raise Crash("died while writing beta")
+        return real(due, delivered_ts, round_)
+
+    monkeypatch.setattr(delivery, "to_topic_rows", fail_beta)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    clock.advance(seconds=4)
+    with pytest.raises(Crash):
+        engine.step()
+    assert {r["topic"] for r in delivered_rows(spark, cfg)} == {"alpha"}
+    monkeypatch.setattr(delivery, "to_topic_rows", real)
+
+    Engine(spark, cfg, clock, out=lambda _: None)  # replays the planned round at start
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+
+
+def test_replaying_a_committed_round_changes_nothing(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    """A plan left behind for a round that did commit (crash after the commit) is harmless."""
+    ids = send_many(spark, cfg, mixed_messages(6), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    clock.advance(seconds=4)
+    engine.step()
+    before = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(before, ids)
+    # Re-run the same round's topic writes with the same txnVersion: Delta skips them.
+    progress = engine.delivery.progress
+    engine.delivery.progress = type(progress)(checkpoint_id=progress.checkpoint_id)
+    engine.delivery.pending = Plan(progress.round, progress.watermark, progress.schedule_version)
+    engine.delivery.run_round()
+    assert len(delivered_rows(spark, cfg)) == len(before)
+
+
+def test_stamping_replay_stores_nothing_twice(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    send_many(spark, cfg, mixed_messages(6), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    batch = spark.read.format("delta").load(layout(cfg).commitlog)
+    engine.stamper(batch, 0)
+    engine.stamper(batch, 0)  # Spark replays a micro-batch after a crash
+    assert spark.read.format("delta").load(layout(cfg).schedule).count() == 6
+
+
+def test_message_stamped_after_its_time_is_delivered_next_round(
+    spark: SparkSession, make_cfg: Any, clock: FakeClock
+) -> None:
+    cfg = make_cfg(checkpoint_flush_ms=1)  # idle rounds record their watermark at once
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    [msg_id] = send_many(spark, cfg, [Message("orders", "late", delay_level=1)], clock)
+    clock.advance(seconds=5)
+    engine.delivery.run_round()  # the watermark passes deliver_ts before the row is stamped
+    engine.delivery.run_round()
+    assert engine.delivery.progress.watermark > clock.now() - timedelta(seconds=1)
+    engine.step()  # stamped now, 4 s after it was due
+    [row] = delivered_rows(spark, cfg)
+    assert row["msg_id"] == msg_id
+
+
+def test_shortened_level_table_makes_waiting_rows_due_now(
+    spark: SparkSession, make_cfg: Any, clock: FakeClock
+) -> None:
+    long_cfg = make_cfg(levels="1s 1h")
+    [msg_id] = send_many(spark, long_cfg, [Message("orders", "x", delay_level=2)], clock)
+    engine = Engine(spark, long_cfg, clock, out=lambda _: None)
+    engine.step()
+    clock.advance(seconds=10)
+    engine.step()
+    assert delivered_rows(spark, long_cfg) == []
+
+    short_cfg = make_cfg(levels="1s 2s", lakehouse=long_cfg.lakehouse)
+    notes: list[str] = []
+    restarted = Engine(spark, short_cfg, clock, out=notes.append)
+    assert any("1 scheduled rows" in n for n in notes), notes
+    restarted.step()
+    [row] = delivered_rows(spark, short_cfg)
+    assert row["msg_id"] == msg_id
+    assert row["delivered_ts"] >= row["deliver_ts"]
+
+
+def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    from engine.stamp import queue_of  # noqa: F401 - imported to show the stamp module loads
+
+    good = send_many(spark, cfg, [Message("orders", "fine")], clock)
+    spark.sql(
+        f"""INSERT INTO delta.`{layout(cfg).commitlog}` VALUES
+        ('M1', NULL, array(), NULL, map(), X'01', 1, NULL, TIMESTAMP'2026-01-01 12:00:00'),
+        ('M2', 'bad-topic', array(), NULL, map(), X'01', 1, NULL, TIMESTAMP'2026-01-01 12:00:00'),
+        ('M3', 'orders', array(), NULL, map('p', NULL), X'01', 1, NULL,
+         TIMESTAMP'2026-01-01 12:00:00'),
+        ('M4', 'orders', array(), NULL, map(), NULL, 1, NULL, TIMESTAMP'2026-01-01 12:00:00')"""
+    )
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    clock.advance(seconds=1)
+    engine.step()
+    reasons = {
+        r["msg_id"]: r["reason"]
+        for r in spark.read.format("delta").load(layout(cfg).quarantine).collect()
+    }
+    assert reasons == {
+        "M1": "topic is missing",
+        "M2": "topic 'bad-topic' is not a valid topic name",
+        "M3": "a property has an empty name or no value",
+        "M4": "body is missing",
+    }
+    assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == good
+    status = engine.status()
+    assert (status.quarantined, status.idle) == (4, True)
