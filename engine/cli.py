@@ -9,7 +9,8 @@ Examples::
     delayq sql "SELECT msg_id, CAST(body AS STRING) FROM delayq.orders"
     delayq run --until-idle --set levels.delays="1s 2s 3s"
 
-Every command takes ``--conf FILE`` and any number of ``--set key=value`` overrides.
+Every command takes ``--conf FILE`` and any number of ``--set key=value`` overrides
+(after the command name).
 """
 
 from __future__ import annotations
@@ -37,10 +38,12 @@ def _parser() -> argparse.ArgumentParser:
         default=[],
         help="override a config key, e.g. --set levels.delays='1s 2s 3s' (repeatable)",
     )
+    # --conf/--set belong to each command (argparse would let a subcommand's default
+    # silently replace a value given before the command name).
     parser = argparse.ArgumentParser(
         prog="delayq",
         description="Delayed delivery on Spark + Delta Lake (RocketMQ-style delay levels).",
-        parents=[common],
+        epilog="Run `delayq COMMAND --help` for a command's options.",
     )
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 

@@ -1,0 +1,144 @@
+"""Sending from Python and the CLI, and querying topics by table name in SQL."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from chispa import assert_df_equality
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from engine.cli import main
+from engine.clock import FakeClock
+from engine.config import EngineConfig
+from engine.errors import InvalidMessageError
+from engine.producer import Message, send, send_df, send_many
+from engine.runner import Engine
+from engine.tables import ensure_tables, layout, register_topic_tables
+
+pytestmark = pytest.mark.integration
+MSG_ID = re.compile(r"^[0-9A-F]{32}$")
+
+
+def commitlog(spark: SparkSession, cfg: EngineConfig) -> Any:
+    return spark.read.format("delta").load(layout(cfg).commitlog)
+
+
+def test_send_one_and_many_return_ids_and_store_every_field(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    one = send(
+        spark, cfg, "orders", "paid", keys="o-1 c-9", tags="pay",
+        properties={"region": "eu"}, delay_level=2, clock=clock,
+    )  # fmt: skip
+    many = send_many(
+        spark, cfg, [Message("orders", b"\x00\x01"), {"topic": "audit", "body": "a"}], clock
+    )
+    assert all(MSG_ID.match(i) for i in [one, *many])
+    row = commitlog(spark, cfg).where(F.col("msg_id") == one).first()
+    assert row is not None
+    assert (row["topic"], row["keys"], row["tags"], row["properties"], row["delay_level"]) == (
+        "orders", ["o-1", "c-9"], "pay", {"region": "eu"}, 2,
+    )  # fmt: skip
+    assert bytes(row["body"]) == b"paid"
+    assert row["store_ts"].replace(tzinfo=clock.now().tzinfo) == clock.now()
+
+
+def test_a_bad_message_in_a_batch_writes_nothing(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    ensure_tables(spark, cfg)
+    with pytest.raises(InvalidMessageError, match="topic"):
+        send_many(spark, cfg, [Message("orders", "ok"), Message("no-dashes", "bad")], clock)
+    assert commitlog(spark, cfg).count() == 0
+
+
+def test_send_dataframe(spark: SparkSession, cfg: EngineConfig, clock: FakeClock) -> None:
+    df = spark.createDataFrame(
+        [("orders", "a", 1), ("audit", "b", None)], "topic string, body string, delay_level int"
+    )
+    assert send_df(spark, cfg, df, clock) == 2
+    stored = commitlog(spark, cfg).select("topic", F.col("body").cast("string").alias("body"))
+    expected = spark.createDataFrame([("orders", "a"), ("audit", "b")], "topic string, body string")
+    assert_df_equality(stored, expected, ignore_row_order=True, ignore_nullable=True)
+    bad = spark.createDataFrame([("orders", None)], "topic string, body string")
+    with pytest.raises(InvalidMessageError, match="body is missing"):
+        send_df(spark, cfg, bad, clock)
+    assert commitlog(spark, cfg).count() == 2
+
+
+def cli(capsys: pytest.CaptureFixture[str], cfg: EngineConfig, *args: str) -> tuple[int, str, str]:
+    command, *rest = args
+    code = main(
+        [command, "--set", f"lakehouse.path={cfg.lakehouse}", "--set", f"lakehouse.database={cfg.database}",
+         "--set", "levels.delays=1s 2s 3s", *rest]
+    )  # fmt: skip
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_cli_send_status_and_sql(
+    spark: SparkSession, cfg: EngineConfig, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    code, out, _ = cli(
+        capsys, cfg, "send", "--topic", "orders", "--body", "hi", "--key", "k1",
+        "--property", "a=b", "--level", "0",
+    )  # fmt: skip
+    assert code == 0 and MSG_ID.match(out.strip())
+    batch = tmp_path / "batch.jsonl"
+    batch.write_text(
+        json.dumps({"topic": "orders", "body": "x", "delay_level": 1})
+        + "\n"
+        + json.dumps({"topic": "audit", "body": "y", "keys": ["k2"]})
+        + "\n"
+    )
+    code, out, _ = cli(capsys, cfg, "send", "--file", str(batch))
+    assert code == 0 and len(out.split()) == 2
+
+    code, _, err = cli(capsys, cfg, "send", "--topic", "bad topic", "--body", "x")
+    assert code == 2 and "invalid message topic='bad topic'" in err
+
+    Engine(spark, cfg, out=lambda _: None).step()
+    delivered = spark.read.format("delta").load(layout(cfg).topic("orders")).count()
+    code, out, _ = cli(capsys, cfg, "status")
+    assert code == 0 and "sent        3" in out
+
+    code, out, _ = cli(capsys, cfg, "sql", f"SELECT count(*) AS n FROM {cfg.database}.orders")
+    assert code == 0 and f"|{delivered:<3}|" in out
+
+    code, _, err = cli(capsys, cfg, "status", "--set", "levels.delays=1s 2x")
+    assert code == 2 and "levels.delays" in err and "'2x'" in err
+
+
+def test_cli_help_is_available_without_spark() -> None:
+    exe = Path(sys.executable).with_name("delayq")
+    for args in ([], ["send"], ["run"]):
+        done = subprocess.run(
+            [str(exe), *args, "--help"], capture_output=True, text=True, check=True
+        )
+        assert "usage: delayq" in done.stdout
+    done = subprocess.run([str(exe), "send", "--help"], capture_output=True, text=True, check=True)
+    assert "--level" in done.stdout and "--file" in done.stdout
+
+
+def test_topics_are_queryable_by_name_from_another_session(
+    spark: SparkSession, make_cfg: Any, clock: FakeClock
+) -> None:
+    cfg = make_cfg(register_tables=True)
+    ids = send_many(spark, cfg, [Message("Orders", "a"), Message("audit", "b")], clock)
+    Engine(spark, cfg, clock, out=lambda _: None).step()
+    other = spark.newSession()
+    assert sorted(register_topic_tables(other, cfg)) == ["audit", "orders"]
+    rows = other.sql(f"SELECT msg_id FROM {cfg.database}.orders").collect()
+    assert [r["msg_id"] for r in rows] == ids[:1]
+    progress = other.sql(
+        f"SELECT max(round) AS r FROM {cfg.database}.delay_offset WHERE status = 'committed'"
+    ).first()
+    assert progress is not None and progress["r"] == 0
+    assert other.sql(f"SELECT count(*) FROM {cfg.database}.commitlog").first()[0] == 2  # type: ignore[index]
