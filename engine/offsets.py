@@ -21,6 +21,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
+from engine.fs import hadoop_path, jvm
 from schemas import DELAY_OFFSET, column_names
 
 _NAME = re.compile(r"^(\d{20})(\.plan)?\.json$")
@@ -38,12 +39,9 @@ class OffsetLog:
     """
 
     def __init__(self, spark: SparkSession, path: str) -> None:
-        jvm = spark.sparkContext._jvm
-        assert jvm is not None
-        self._jvm = jvm
+        self._jvm = jvm(spark)
         self.path = path
-        self._dir = jvm.org.apache.hadoop.fs.Path(path)
-        self._fs = self._dir.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+        self._dir, self._fs = hadoop_path(spark, path)
         self._fs.mkdirs(self._dir)
 
     @staticmethod
@@ -69,7 +67,8 @@ class OffsetLog:
             raise OSError(f"could not rename {temp} to {final}")
 
     def _rounds(self) -> tuple[list[int], list[int]]:
-        committed, planned = [], []
+        committed: list[int] = []
+        planned: list[int] = []
         for status in self._fs.listStatus(self._dir):
             match = _NAME.match(status.getPath().getName())
             if match:

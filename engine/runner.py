@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.sql.streaming import StreamingQuery
+from pyspark.sql.streaming.query import StreamingQuery
 
 from engine.clock import Clock, SystemClock
 from engine.config import EngineConfig
@@ -35,8 +35,14 @@ from engine.delivery import (
     read_checkpoint,
 )
 from engine.errors import CheckpointError
+from engine.fs import hadoop_path
 from engine.stamp import StampWriter
-from engine.tables import Layout, ensure_tables, list_topics, register_topic_tables
+from engine.tables import (
+    Layout,
+    ensure_tables,
+    list_topics,
+    register_topic_tables,
+)
 
 log = logging.getLogger("delayq")
 
@@ -166,9 +172,7 @@ class Engine:
     # ----------------------------------------------------------------- start-up
 
     def _check_stamp_checkpoint(self) -> None:
-        jvm = self.spark.sparkContext._jvm
-        offsets = jvm.org.apache.hadoop.fs.Path(self.layout.checkpoint("stamp") + "/offsets")  # type: ignore[union-attr]
-        fs = offsets.getFileSystem(self.spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
+        offsets, fs = hadoop_path(self.spark, self.layout.checkpoint("stamp") + "/offsets")
         stamped = not self.spark.read.format("delta").load(self.layout.schedule).isEmpty()
         if stamped and not fs.exists(offsets):
             raise CheckpointError(

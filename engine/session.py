@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from pyspark.sql import SparkSession
 
 from engine.config import DEFAULT_CONF, EngineConfig
 from engine.errors import EnvironmentError_
+from engine.fs import jvm
 
 REPO_ROOT = DEFAULT_CONF.parent.parent
 
@@ -59,10 +61,8 @@ def require_java() -> None:
 
 
 def _java_home_ok() -> bool:
-    import os
-
     home = os.environ.get("JAVA_HOME")
-    return bool(home) and (Path(home) / "bin" / "java").exists()  # type: ignore[arg-type]
+    return home is not None and (Path(home) / "bin" / "java").exists()
 
 
 def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> SparkSession:
@@ -99,12 +99,10 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
 
 
 def _check_delta(spark: SparkSession) -> None:
-    jvm = spark.sparkContext._jvm
+    view = jvm(spark)
     try:
-        jvm.java.lang.Class.forName(  # type: ignore[union-attr]
-            "io.delta.tables.DeltaTable",
-            True,
-            jvm.Thread.currentThread().getContextClassLoader(),  # type: ignore[union-attr]
+        view.java.lang.Class.forName(
+            "io.delta.tables.DeltaTable", True, view.Thread.currentThread().getContextClassLoader()
         )
     except Exception as err:  # py4j wraps ClassNotFoundException
         raise EnvironmentError_(

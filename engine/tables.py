@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
@@ -27,6 +26,7 @@ from pyspark.sql.types import StructType
 
 from engine.config import EngineConfig
 from engine.errors import InvalidMessageError
+from engine.fs import hadoop_path, jvm
 from engine.offsets import view_sql
 from schemas import COMMITLOG, QUARANTINE, SCHEDULE
 
@@ -126,15 +126,9 @@ def ensure_tables(spark: SparkSession, cfg: EngineConfig) -> Layout:
     return lay
 
 
-def _fs(spark: SparkSession, folder: str) -> tuple[Any, Any]:
-    jvm = spark.sparkContext._jvm
-    path = jvm.org.apache.hadoop.fs.Path(folder)  # type: ignore[union-attr]
-    return path, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())  # type: ignore[union-attr]
-
-
 def list_files(spark: SparkSession, folder: str, suffix: str = "") -> list[str]:
     """Names of the visible files in ``folder`` ending with ``suffix`` (any filesystem)."""
-    path, fs = _fs(spark, folder)
+    path, fs = hadoop_path(spark, folder)
     if not fs.exists(path):
         return []
     return sorted(
@@ -148,10 +142,10 @@ def list_files(spark: SparkSession, folder: str, suffix: str = "") -> list[str]:
 
 def list_topics(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     """Names of the topic tables that exist in the lakehouse (lower case, sorted)."""
-    path, fs = _fs(spark, layout(cfg).topics)
+    path, fs = hadoop_path(spark, layout(cfg).topics)
     if not fs.exists(path):
         return []
-    log = spark.sparkContext._jvm.org.apache.hadoop.fs.Path  # type: ignore[union-attr]
+    log = jvm(spark).org.apache.hadoop.fs.Path
     return sorted(
         status.getPath().getName()
         for status in fs.listStatus(path)

@@ -75,10 +75,13 @@ def test_send_dataframe(spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 
 def cli(capsys: pytest.CaptureFixture[str], cfg: EngineConfig, *args: str) -> tuple[int, str, str]:
     command, *rest = args
-    code = main(
-        [command, "--set", f"lakehouse.path={cfg.lakehouse}", "--set", f"lakehouse.database={cfg.database}",
-         "--set", "levels.delays=1s 2s 3s", *rest]
-    )  # fmt: skip
+    settings = {
+        "lakehouse.path": cfg.lakehouse,
+        "lakehouse.database": cfg.database,
+        "levels.delays": "1s 2s 3s",
+    }
+    overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    code = main([command, *overrides, *rest])
     out = capsys.readouterr()
     return code, out.out, out.err
 
