@@ -141,16 +141,20 @@ def list_files(spark: SparkSession, folder: str, suffix: str = "") -> list[str]:
 
 
 def list_topics(spark: SparkSession, cfg: EngineConfig) -> list[str]:
-    """Names of the topic tables that exist in the lakehouse (lower case, sorted)."""
+    """Names of the topic tables in the lakehouse (lower case, sorted).
+
+    A table counts once its first commit is in its log (its folder appears a moment before).
+    """
     path, fs = hadoop_path(spark, layout(cfg).topics)
     if not fs.exists(path):
         return []
-    log = jvm(spark).org.apache.hadoop.fs.Path
-    return sorted(
-        status.getPath().getName()
-        for status in fs.listStatus(path)
-        if status.isDirectory() and fs.exists(log(status.getPath(), "_delta_log"))
-    )
+    hadoop = jvm(spark).org.apache.hadoop.fs.Path
+    names = []
+    for status in fs.listStatus(path):
+        commits = hadoop(status.getPath(), "_delta_log/*.json")
+        if status.isDirectory() and fs.globStatus(commits):
+            names.append(status.getPath().getName())
+    return sorted(names)
 
 
 def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str) -> None:
