@@ -85,8 +85,8 @@ def test_kill_mid_run_then_restart_with_spark_submit(
     print(f"\nkilled with {partial} of {len(ids)} delivered")
     assert partial < len(ids), "the kill should land while messages are still pending"
 
-    submit = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS),
-              "jobs/delay_engine.py", *engine_args(cfg, "--until-idle", "--max-seconds", "120")]  # fmt: skip
+    job = ["jobs/delay_engine.py", *engine_args(cfg, "--until-idle", "--max-seconds", "120")]
+    submit = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS), *job]
     second = start(submit, tmp_path / "second.log")
     code = second.wait(240)
     output = (tmp_path / "second.log").read_text()
