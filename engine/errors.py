@@ -31,12 +31,16 @@ class InvalidMessageError(DelayQError):
         super().__init__(f"invalid message {field}={shown!r}: {problem}")
 
 
-class EnvironmentError_(DelayQError):
+class SetupError(DelayQError):
     """Raised when the runtime is not set up (Java, jars); says what to install or run."""
 
 
 class RetryableError(DelayQError):
-    """Raised for a transient failure (a storage conflict, a lost executor): retry the step."""
+    """Raised for a transient failure (a storage conflict, a lost executor): retry the step.
+
+    The delivery stage retries these, and any Spark or storage error, after a back-off;
+    other :class:`DelayQError` subclasses are terminal and stop the engine.
+    """
 
 
 class CheckpointError(DelayQError):

@@ -34,7 +34,7 @@ from engine.delivery import (
     correct_deliver_timestamps,
     read_checkpoint,
 )
-from engine.errors import CheckpointError
+from engine.errors import CheckpointError, DelayQError, RetryableError
 from engine.fs import hadoop_path
 from engine.stamp import StampWriter
 from engine.tables import (
@@ -241,13 +241,20 @@ class Engine:
             return
         try:
             self._deliver()
-        except Exception as err:  # keep the stage alive; the plan makes a retry safe
+        except DelayQError as err:
+            if not isinstance(err, RetryableError):
+                raise  # terminal: stops the query, and run() reports it
+            self._retry_later(err)
+        except Exception as err:  # Spark/storage failures: the plan makes a retry safe
             if self._stopping.is_set():
                 return  # interrupted by stop(): the plan (if any) is replayed at restart
-            self.stats.errors += 1
-            self.stats.last_error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
-            log.exception("delivery round failed; retrying in %.0f s", ERROR_BACKOFF_S)
-            self._stopping.wait(ERROR_BACKOFF_S)
+            self._retry_later(err)
+
+    def _retry_later(self, err: Exception) -> None:
+        self.stats.errors += 1
+        self.stats.last_error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        log.exception("delivery round failed; retrying in %.0f s", ERROR_BACKOFF_S)
+        self._stopping.wait(ERROR_BACKOFF_S)
 
     def start(self) -> None:
         """Start the stamping stream and the delivery stage in the background."""

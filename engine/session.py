@@ -16,7 +16,7 @@ from pyspark import SparkConf
 from pyspark.sql import SparkSession
 
 from engine.config import DEFAULT_CONF, EngineConfig
-from engine.errors import EnvironmentError_
+from engine.errors import SetupError
 from engine.fs import jvm
 
 REPO_ROOT = DEFAULT_CONF.parent.parent
@@ -38,14 +38,14 @@ def jar_paths(cfg: EngineConfig) -> list[str]:
     """The jars in ``cfg.jars_dir`` (relative to the cwd, else to the repository).
 
     Raises:
-        EnvironmentError_: when the folder is missing or empty, saying to run ``make jars``.
+        SetupError: when the folder is missing or empty, saying to run ``make jars``.
     """
     folder = Path(cfg.jars_dir).expanduser()
     if not folder.is_absolute() and not folder.is_dir():
         folder = REPO_ROOT / cfg.jars_dir
     jars = sorted(str(p.resolve()) for p in folder.glob("*.jar"))
     if not jars:
-        raise EnvironmentError_(
+        raise SetupError(
             f"no JVM jars in {folder} (spark.jars_dir): run `make jars` to fetch Delta with Maven"
         )
     return jars
@@ -54,7 +54,7 @@ def jar_paths(cfg: EngineConfig) -> list[str]:
 def require_java() -> None:
     """Fail with one clear line when no Java runtime can be found."""
     if not shutil.which("java") and not _java_home_ok():
-        raise EnvironmentError_(
+        raise SetupError(
             "Java not found: install a JDK 17 (e.g. `apt-get install openjdk-17-jdk-headless`)"
             " and put `java` on PATH or set JAVA_HOME"
         )
@@ -73,7 +73,7 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
     ``cfg.jars_dir``. Topic tables are registered by name when ``cfg.register_tables``.
 
     Raises:
-        EnvironmentError_: when Java or the jars are missing, or Delta cannot be loaded.
+        SetupError: when Java or the jars are missing, or Delta cannot be loaded.
     """
     require_java()
     active = SparkSession.getActiveSession()
@@ -105,7 +105,7 @@ def _check_delta(spark: SparkSession) -> None:
             "io.delta.tables.DeltaTable", True, view.Thread.currentThread().getContextClassLoader()
         )
     except Exception as err:  # py4j wraps ClassNotFoundException
-        raise EnvironmentError_(
+        raise SetupError(
             "Delta Lake classes are not on the driver's classpath. Under spark-submit pass "
             "`--properties-file .jars/spark-defaults.conf` (written by `make jars`)."
         ) from err

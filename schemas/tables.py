@@ -10,7 +10,9 @@ to read it and quarantine it with a reason instead of failing.
 | ``schedule``   | stamped message waiting for (or past) delivery | ``queue_id``  |
 | ``quarantine`` | message the engine refused, with the reason   |                |
 | ``topics/<t>`` | message delivered to topic ``t``              |                |
-| ``delay_offset`` | queue: the durable delivery checkpoint      |                |
+
+``DELAY_OFFSET`` is the row shape of the delivery checkpoint, a log of JSON files (see
+``engine.offsets``) that SQL reads as the view ``<database>.delay_offset``.
 """
 
 from __future__ import annotations
