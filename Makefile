@@ -10,6 +10,8 @@ SPARK_PROPS := $(JARS)/spark-defaults.conf
 # spark-submit runs the job with the venv's Python, driver and workers alike.
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
+# Local runs bind Spark to loopback (set SPARK_LOCAL_IP yourself on a cluster node).
+export SPARK_LOCAL_IP ?= 127.0.0.1
 SUBMIT    := $(BIN)/spark-submit --properties-file $(SPARK_PROPS)
 PYTEST_ARGS ?=
 
@@ -31,7 +33,7 @@ $(VENV)/.installed: pyproject.toml
 
 jars: $(SPARK_PROPS) ## Resolve Delta's jars with Maven into .jars/ (spark.jars)
 
-$(SPARK_PROPS): build/pom.xml
+$(SPARK_PROPS): build/pom.xml Makefile
 	@command -v java >/dev/null || { echo "error: java not found: install a JDK 17 (apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	@v=$$(java -version 2>&1 | awk -F'"' '/version/ {print $$2}' | cut -d. -f1); \
 	  [ "$${v:-0}" -ge 17 ] 2>/dev/null || { echo "error: Java $$v found, Spark 4 needs Java 17 or newer: install openjdk-17-jdk-headless"; exit 1; }
@@ -42,7 +44,8 @@ $(SPARK_PROPS): build/pom.xml
 	   echo "spark.jars $$(ls $(abspath $(JARS))/*.jar | paste -sd, -)"; \
 	   echo "spark.sql.extensions io.delta.sql.DeltaSparkSessionExtension"; \
 	   echo "spark.sql.catalog.spark_catalog org.apache.spark.sql.delta.catalog.DeltaCatalog"; \
-	   echo "spark.sql.session.timeZone UTC"; } > $@
+	   echo "spark.sql.session.timeZone UTC"; \
+	   echo "spark.driver.extraJavaOptions -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties)"; } > $@
 	@echo "jars ready in $(JARS)/"
 
 run: setup ## Set up, then run the engine on a demo set until everything is delivered

@@ -20,13 +20,16 @@ from engine.errors import SetupError
 from engine.fs import jvm
 
 REPO_ROOT = DEFAULT_CONF.parent.parent
+LOG4J_CONF = REPO_ROOT / "conf" / "log4j2.properties"
 
 #: Settings every engine session needs, whatever the deployment.
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
     "spark.sql.session.timeZone": "UTC",
-    "spark.driver.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.driver.extraJavaOptions": (
+        f"-Duser.timezone=UTC -Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}"
+    ),
     "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
     "spark.ui.showConsoleProgress": "false",
     # Plain log lines on the console; Spark 4 defaults to JSON.

@@ -159,7 +159,8 @@ def list_topics(spark: SparkSession, cfg: EngineConfig) -> list[str]:
 
 def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str) -> None:
     """Make the Delta table at ``path`` queryable as ``<database>.<name>``."""
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS `{cfg.database}`")
+    if not spark.catalog.databaseExists(cfg.database):
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS `{cfg.database}`")
     spark.sql(f"CREATE TABLE IF NOT EXISTS `{cfg.database}`.`{name}` USING delta LOCATION '{path}'")
 
 
