@@ -392,8 +392,9 @@ class Delivery:
 
 
 def _ts_aware(value: datetime) -> datetime:
-    # Spark returns naive datetimes in the session time zone, which the engine pins to UTC.
-    return value if value.tzinfo else value.replace(tzinfo=UTC)
+    # PySpark returns naive datetimes in the Python process's local time zone (whatever the
+    # session time zone); .timestamp() reads them as local time, giving the true instant.
+    return value if value.tzinfo else datetime.fromtimestamp(value.timestamp(), UTC)
 
 
 def correct_deliver_timestamps(

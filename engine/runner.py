@@ -275,11 +275,19 @@ class Engine:
     def stop(self) -> None:
         """Stop both queries; an interrupted round is replayed at the next start."""
         self._stopping.set()
-        for query in self.queries:
-            try:
-                query.stop()
-            except Exception:  # the JVM may already be going down (Ctrl-C under spark-submit)
-                log.debug("stopping %s failed", query.name, exc_info=True)
+        # Stopping interrupts a running foreachBatch: it fails, Spark does not commit that
+        # batch, and it runs again at the next start. py4j would log that as an error.
+        py4j_log = logging.getLogger("py4j.clientserver")
+        level = py4j_log.level
+        py4j_log.setLevel(logging.CRITICAL)
+        try:
+            for query in self.queries:
+                try:
+                    query.stop()
+                except Exception:  # the JVM may already be going down (Ctrl-C under spark-submit)
+                    log.debug("stopping %s failed", query.name, exc_info=True)
+        finally:
+            py4j_log.setLevel(level)
         self.queries.clear()
 
     def _check_queries(self) -> None:
