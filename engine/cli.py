@@ -3,6 +3,8 @@
 Examples::
 
     delayq send --topic orders --body '{"id": 1}' --key order-1 --level 3
+    delayq send --topic orders --body 'remind' --delay 15m
+    delayq send --topic orders --body 'close' --deliver-at 2026-12-01T09:00:00+01:00
     delayq send --file messages.jsonl          # one JSON object per line
     delayq status
     delayq topics
@@ -55,12 +57,20 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument(
         "--property", action="append", default=[], metavar="NAME=VALUE", help="user property"
     )
-    send.add_argument("--level", type=int, help="delay level (none or <= 0: deliver at once)")
+    when = send.add_mutually_exclusive_group()
+    when.add_argument("--level", type=int, help="delay level (none or <= 0: deliver at once)")
+    when.add_argument(
+        "--deliver-at",
+        metavar="TIME",
+        help="deliver at TIME: ms since the epoch or ISO-8601 with a zone "
+        "(2026-12-01T09:00:00+01:00)",
+    )
+    when.add_argument("--delay", metavar="DURATION", help="deliver after e.g. 90s, 15m, 2d, 250ms")
     send.add_argument(
         "--file",
         metavar="JSONL",
         help="send many: one JSON object per line with topic, body, keys, tags, "
-        "properties, delay_level ('-' reads standard input)",
+        "properties, and delay_level, deliver_at or delay ('-' reads standard input)",
     )
 
     run = sub.add_parser("run", parents=[common], help="run the engine (Ctrl-C stops it)")
@@ -99,7 +109,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 
 
 def demo_messages(levels: int) -> list[dict[str, Any]]:
-    """A demo set: a few messages on each of the first levels (and some not delayed)."""
+    """A demo set: a few messages on each of the first levels, some not delayed, two timers."""
     messages = []
     for level in range(0, min(levels, 3) + 1):
         for i in range(3):
@@ -114,6 +124,11 @@ def demo_messages(levels: int) -> list[dict[str, Any]]:
                     "delay_level": level,
                 }
             )
+    for delay in ("2500ms", "7s"):  # timer messages: a relative delay, to the millisecond
+        messages.append(
+            {"topic": "notifications", "body": json.dumps({"demo": True, "delay": delay}),
+             "keys": [f"demo-timer-{delay}"], "tags": "demo", "delay": delay}
+        )  # fmt: skip
     return messages
 
 
@@ -152,6 +167,8 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 "tags": args.tag,
                 "properties": props,
                 "delay_level": args.level,
+                "deliver_at": args.deliver_at,
+                "delay": args.delay,
             }
         ]
     spark = build_spark(cfg.with_overrides(register_tables=False))
@@ -193,7 +210,8 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
     )
     if args.demo:
         ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
-        print(f"demo: sent {len(ids)} messages to {', '.join(DEMO_TOPICS)} on levels 0-3")
+        topics = ", ".join(DEMO_TOPICS)
+        print(f"demo: sent {len(ids)} messages to {topics} on levels 0-3 and 2 timers")
     final = engine.run(until_idle=args.until_idle, max_seconds=args.max_seconds)
     if args.show:
         show_topics(spark, cfg, args.show)

@@ -80,8 +80,10 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "lakehouse.database": ("database", _identifier),
     "levels.delays": ("levels", lambda k, v: parse_levels(str(v), k)),
     "messages.max_body_bytes": ("max_body_bytes", _positive_int),
+    "messages.max_delay": ("max_delay_ms", _duration),
     "stamp.interval": ("stamp_interval_ms", _duration),
     "stamp.max_files_per_batch": ("stamp_max_files", _positive_int),
+    "stamp.max_rows_per_file": ("stamp_file_rows", _positive_int),
     "delivery.poll_interval": ("poll_interval_ms", _duration),
     "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
     "delivery.progress_interval": ("progress_interval_ms", _duration),
@@ -103,8 +105,11 @@ class EngineConfig:
         database: SQL database the topic tables are registered in.
         levels: the delay level table.
         max_body_bytes: largest accepted message body (RocketMQ's default is 4 MiB).
+        max_delay_ms: longest delay a timer message may ask for (``messages.max_delay``).
         stamp_interval_ms: trigger interval of the stamping stream.
         stamp_max_files: ``maxFilesPerTrigger`` of the stamping stream.
+        stamp_file_rows: most rows per ``schedule`` file; smaller files narrow the
+            deliver-time range each covers, so rounds skip more of a large backlog.
         poll_interval_ms: how often the delivery stage looks for due messages.
         checkpoint_flush_ms: longest time an idle delivery stage waits before
             recording progress (RocketMQ flushes delayOffset every 10 s; here a round
@@ -122,8 +127,10 @@ class EngineConfig:
     database: str = "delayq"
     levels: LevelTable = field(default_factory=lambda: parse_levels(DEFAULT_LEVELS))
     max_body_bytes: int = 4 * 1024 * 1024
+    max_delay_ms: int = 30 * 86_400_000
     stamp_interval_ms: int = 200
     stamp_max_files: int = 1000
+    stamp_file_rows: int = 100_000
     poll_interval_ms: int = 200
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000

@@ -344,7 +344,7 @@ class Delivery:
             queues.setdefault(level, QueueProgress())
         delivered: dict[int, int] = {}
         for r in due:
-            q = queues[r["queue_id"]]
+            q = queues.get(r["queue_id"], QueueProgress())
             last = _ts_aware(r["max_deliver"])
             queues[r["queue_id"]] = QueueProgress(
                 q.delivered_total + r["n"],

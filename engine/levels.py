@@ -68,7 +68,9 @@ class LevelTable:
 
     def label(self, level: int) -> str:
         """Human label of a level, e.g. ``"L3 (10s)"``; ``"L0 (now)"`` for not delayed."""
-        if level <= 0:
+        if level < 0:
+            return "timer"
+        if level == 0:
             return "L0 (now)"
         tokens = self.source.split()
         if len(tokens) == self.max_level:

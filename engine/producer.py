@@ -17,15 +17,16 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import Clock, SystemClock
+from engine.clock import Clock, SystemClock, from_millis, truncate_ms
 from engine.config import EngineConfig
-from engine.errors import InvalidMessageError
+from engine.errors import ConfigError, InvalidMessageError
+from engine.levels import parse_duration_ms
 from engine.tables import RESERVED_TOPICS, TOPIC_PATTERN, check_topic, ensure_tables
 from schemas import COMMITLOG, column_names
 
@@ -43,6 +44,11 @@ class Message:
         delay_level: RocketMQ delay level; ``None`` or ``<= 0`` delivers at once,
             above the maximum is clamped.
         born_ts: the producer's own time (informational, UTC-aware).
+        deliver_at: deliver at this time (a timer message): an aware ``datetime``,
+            milliseconds since the epoch, or ISO-8601 text with a zone. A time in the past
+            or now is delivered at once; millisecond precision, no rounding.
+        delay: deliver this long after the message is stored: a ``timedelta`` or text such
+            as ``"90s"``, ``"15m"``, ``"2d"``, ``"250ms"``.
     """
 
     topic: str
@@ -52,10 +58,83 @@ class Message:
     properties: Mapping[str, str] | None = None
     delay_level: int | None = None
     born_ts: datetime | None = None
+    deliver_at: datetime | int | str | None = None
+    delay: timedelta | str | None = None
 
 
-def validate(message: Message, cfg: EngineConfig) -> dict[str, Any]:
+def resolve_deliver_at(message: Message, cfg: EngineConfig, store_ts: datetime) -> datetime | None:
+    """The absolute deliver time a timer message asks for, or ``None`` for a level message.
+
+    Raises:
+        InvalidMessageError: when the time does not parse, several delay kinds are given,
+            or it lies more than ``messages.max_delay`` after ``store_ts``.
+    """
+    given = [n for n in ("deliver_at", "delay") if getattr(message, n) is not None]
+    if message.delay_level is not None:
+        given.append("delay_level")
+    if len(given) > 1:
+        raise InvalidMessageError(given[1], getattr(message, given[1]), f"give only one of {given}")
+    when: datetime | None = None
+    if message.deliver_at is not None:
+        when = _absolute(message.deliver_at)
+    elif message.delay is not None:
+        when = store_ts + _relative(message.delay)
+    if when is None:
+        return None
+    when = truncate_ms(when)
+    if when - store_ts > timedelta(milliseconds=cfg.max_delay_ms):
+        field = "deliver_at" if message.deliver_at is not None else "delay"
+        raise InvalidMessageError(
+            field,
+            getattr(message, field),
+            f"more than messages.max_delay={cfg.max_delay_ms // 1000}s ahead",
+        )
+    return when
+
+
+def _absolute(value: object) -> datetime:
+    if isinstance(value, datetime):
+        if value.utcoffset() is None:
+            raise InvalidMessageError("deliver_at", value, "must be timezone-aware")
+        return value.astimezone(UTC)
+    if isinstance(value, int) and not isinstance(value, bool):
+        return from_millis(value)
+    if isinstance(value, str):
+        text = value.strip()
+        if text.isdigit():
+            return from_millis(int(text))
+        try:
+            parsed = datetime.fromisoformat(text.replace("Z", "+00:00"))
+        except ValueError:
+            parsed = None
+        if parsed is None or parsed.utcoffset() is None:
+            raise InvalidMessageError(
+                "deliver_at", value, "expected ms since the epoch or ISO-8601 with a zone"
+            )
+        return parsed.astimezone(UTC)
+    raise InvalidMessageError("deliver_at", value, "expected a datetime, ms or ISO-8601 text")
+
+
+def _relative(value: object) -> timedelta:
+    if isinstance(value, timedelta):
+        return value
+    if isinstance(value, str):
+        try:
+            return timedelta(milliseconds=parse_duration_ms(value, "delay"))
+        except ConfigError:
+            pass
+    raise InvalidMessageError("delay", value, "expected a timedelta or e.g. '90s', '15m', '2d'")
+
+
+def validate(
+    message: Message, cfg: EngineConfig, store_ts: datetime | None = None
+) -> dict[str, Any]:
     """Check a message and return its ``commitlog`` fields (without id and store time).
+
+    Args:
+        message: the message.
+        cfg: limits (body size, maximum delay).
+        store_ts: the store time relative delays count from (default: now).
 
     Raises:
         InvalidMessageError: naming the first bad field and its value.
@@ -99,7 +178,9 @@ def validate(message: Message, cfg: EngineConfig) -> dict[str, Any]:
     born = message.born_ts
     if born is not None and (not isinstance(born, datetime) or born.utcoffset() is None):
         raise InvalidMessageError("born_ts", born, "must be a timezone-aware datetime")
+    deliver_at = resolve_deliver_at(message, cfg, store_ts or SystemClock().now())
     return {
+        "deliver_at": deliver_at,
         "topic": message.topic,
         "keys": keys,
         "tags": message.tags,
@@ -136,15 +217,15 @@ def send_many(
         InvalidMessageError: when any message is bad; nothing is written then.
     """
     clock = clock or SystemClock()
+    store_ts = clock.now()
     fields = []
     for i, item in enumerate(messages):
         message = item if isinstance(item, Message) else _from_mapping(item, i)
-        fields.append(validate(message, cfg))
+        fields.append(validate(message, cfg, store_ts))
     if not fields:
         return []
     ids = [new_msg_id() for _ in fields]
     lay = ensure_tables(spark, cfg)
-    store_ts = clock.now()
     rows = [
         {**f, "msg_id": msg_id, "born_ts": f["born_ts"] or store_ts, "store_ts": store_ts}
         for f, msg_id in zip(fields, ids, strict=True)
@@ -166,20 +247,32 @@ def send(
     tags: str | None = None,
     properties: Mapping[str, str] | None = None,
     delay_level: int | None = None,
+    deliver_at: datetime | int | str | None = None,
+    delay: timedelta | str | None = None,
     clock: Clock | None = None,
 ) -> str:
     """Send one message and return its id.
 
+    Give at most one of ``delay_level``, ``deliver_at`` and ``delay`` (see :class:`Message`).
+
     Example:
         >>> send(spark, cfg, "orders", "paid", delay_level=2)  # doctest: +SKIP
         '3F2A...'
+        >>> send(spark, cfg, "orders", "remind", delay="15m")  # doctest: +SKIP
+        >>> at = "2026-12-01T09:00:00+01:00"
+        >>> send(spark, cfg, "orders", "close", deliver_at=at)  # doctest: +SKIP
     """
-    message = Message(topic, body, keys, tags, properties, delay_level)
+    message = Message(
+        topic, body, keys, tags, properties, delay_level, deliver_at=deliver_at, delay=delay
+    )
     return send_many(spark, cfg, [message], clock)[0]
 
 
 def _from_mapping(item: Mapping[str, Any], index: int) -> Message:
-    allowed = {"topic", "body", "keys", "tags", "properties", "delay_level", "born_ts"}
+    allowed = {
+        "topic", "body", "keys", "tags", "properties", "delay_level", "born_ts", "deliver_at",
+        "delay",
+    }  # fmt: skip
     unknown = set(item) - allowed
     if unknown:
         raise InvalidMessageError(f"messages[{index}]", sorted(unknown), "unknown fields")
@@ -218,6 +311,10 @@ def rejection_reason(cfg: EngineConfig) -> Column:
             ),
         )
         .when(F.col("store_ts").isNull(), F.lit("store_ts is missing"))
+        .when(
+            F.unix_millis("deliver_at") - F.unix_millis("store_ts") > cfg.max_delay_ms,
+            F.lit(f"deliver_at is more than messages.max_delay={cfg.max_delay_ms // 1000}s ahead"),
+        )
         .when(bad_property, F.lit("a property has an empty name or no value"))
     )
 
@@ -228,7 +325,8 @@ def send_df(
     """Append every row of ``df`` to ``commitlog`` and return how many were sent.
 
     ``df`` needs ``topic`` and ``body`` (string or binary) and may have ``keys``,
-    ``tags``, ``properties``, ``delay_level`` and ``born_ts``. Ids are generated;
+    ``tags``, ``properties``, ``delay_level``, ``born_ts`` and ``deliver_at`` (a timestamp).
+    Ids are generated;
     find them in ``commitlog`` (or the topic) by key.
 
     Raises:

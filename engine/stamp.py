@@ -1,8 +1,9 @@
 """Stamping: turn new ``commitlog`` rows into ``schedule`` rows (or quarantine them).
 
 A stamped row keeps every message column and gains ``queue_id`` (the clamped level,
-0 = not delayed), ``deliver_ts = store_ts + delay(level)`` (RocketMQ's tagsCode) and the
-``stamp_batch`` that wrote it. Rows that break a rule go to ``quarantine`` with the reason.
+0 = not delayed, -1 = timer), ``deliver_ts = store_ts + delay(level)`` (RocketMQ's
+tagsCode) or ``deliver_at`` for a timer message, and the ``stamp_batch`` that wrote it.
+Rows that break a rule go to ``quarantine`` with the reason.
 
 :func:`stamp` is a pure transform; :class:`StampWriter` is the ``foreachBatch`` function of
 the stamping stream. Both writes are idempotent per micro-batch (``txnAppId`` +
@@ -25,6 +26,8 @@ from engine.tables import Layout
 from schemas import COMMITLOG, column_names
 
 STAMP_APP_ID = "delayq-stamp"
+#: The queue of timer messages (an absolute deliver time instead of a level).
+TIMER_QUEUE = -1
 
 
 def queue_of(levels: LevelTable, level: Column) -> Column:
@@ -59,8 +62,11 @@ def stamp(
     """
     message = [F.col(c) for c in column_names(COMMITLOG)]
     checked = df.select(*message, rejection_reason(cfg).alias("reason"))
-    queue = queue_of(cfg.levels, F.col("delay_level"))
-    deliver = F.timestamp_millis(F.unix_millis("store_ts") + delay_ms_of(cfg.levels, queue))
+    timer = F.col("deliver_at").isNotNull()
+    level_queue = queue_of(cfg.levels, F.col("delay_level"))
+    queue = F.when(timer, F.lit(TIMER_QUEUE)).otherwise(level_queue)
+    delayed = F.timestamp_millis(F.unix_millis("store_ts") + delay_ms_of(cfg.levels, level_queue))
+    deliver = F.when(timer, F.col("deliver_at")).otherwise(delayed)
     scheduled = checked.where(F.col("reason").isNull()).select(
         *message,
         queue.alias("queue_id"),
@@ -113,7 +119,10 @@ class StampWriter:
             }
             good, bad = counts.get(True, 0), counts.get(False, 0)
             if good:
-                self._append(scheduled.repartition("queue_id"), self.layout.schedule, batch_id)
+                # One sorted run per queue, cut every stamp.max_rows_per_file rows: each
+                # file then spans a narrow deliver_ts range, which data skipping exploits.
+                ordered = scheduled.repartition("queue_id").sortWithinPartitions("deliver_ts")
+                self._append(ordered, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
             if bad:
                 self._append(quarantined, self.layout.quarantine, batch_id)
             self.stats.batches += 1
@@ -123,11 +132,12 @@ class StampWriter:
             batch.unpersist()
 
     @staticmethod
-    def _append(df: DataFrame, path: str, batch_id: int) -> None:
+    def _append(df: DataFrame, path: str, batch_id: int, file_rows: int = 0) -> None:
         (
             df.write.format("delta")
             .mode("append")
             .option("txnAppId", STAMP_APP_ID)
             .option("txnVersion", batch_id)
+            .option("maxRecordsPerFile", file_rows)
             .save(path)
         )

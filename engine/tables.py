@@ -106,6 +106,9 @@ def topic_table_name(topic: str) -> str:
 
 
 def _create(spark: SparkSession, path: str, schema: StructType, partition: str | None) -> None:
+    if DeltaTable.isDeltaTable(spark, path):
+        _add_missing_columns(spark, path, schema)
+        return
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     if partition:
         builder = builder.partitionedBy(partition)
@@ -115,6 +118,15 @@ def _create(spark: SparkSession, path: str, schema: StructType, partition: str |
         # Another process may have created it between the check and the commit.
         if not DeltaTable.isDeltaTable(spark, path):
             raise
+
+
+def _add_missing_columns(spark: SparkSession, path: str, schema: StructType) -> None:
+    """Bring a lakehouse made by an older version up to date: add new (nullable) columns."""
+    present = set(spark.read.format("delta").load(path).columns)
+    missing = [f for f in schema.fields if f.name not in present]
+    if missing:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
 
 
 def ensure_tables(spark: SparkSession, cfg: EngineConfig) -> Layout:

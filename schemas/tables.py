@@ -45,12 +45,15 @@ _MESSAGE = _fields(
     ("delay_level", IntegerType()),
     ("born_ts", TimestampType()),
     ("store_ts", TimestampType()),
+    # An absolute deliver time (timer message); null for level-delayed messages.
+    ("deliver_at", TimestampType()),
 )
 
 COMMITLOG = StructType(_MESSAGE)
 
-#: A stamped message: ``queue_id`` is the clamped level (0 = not delayed) and
-#: ``deliver_ts`` = ``store_ts`` + the level's delay (RocketMQ's tagsCode).
+#: A stamped message: ``queue_id`` is the clamped level (0 = not delayed, -1 = a timer
+#: message) and ``deliver_ts`` = ``store_ts`` + the level's delay (RocketMQ's tagsCode),
+#: or ``deliver_at`` for a timer message.
 #: ``stamp_batch`` is the stamping micro-batch that wrote the row.
 SCHEDULE = StructType(
     _MESSAGE

@@ -213,13 +213,14 @@ def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
     from engine.stamp import queue_of  # noqa: F401 - imported to show the stamp module loads
 
     good = send_many(spark, cfg, [Message("orders", "fine")], clock)
+    T = "TIMESTAMP'2026-01-01 12:00:00'"
     spark.sql(
         f"""INSERT INTO delta.`{layout(cfg).commitlog}` VALUES
-        ('M1', NULL, array(), NULL, map(), X'01', 1, NULL, TIMESTAMP'2026-01-01 12:00:00'),
-        ('M2', 'bad-topic', array(), NULL, map(), X'01', 1, NULL, TIMESTAMP'2026-01-01 12:00:00'),
-        ('M3', 'orders', array(), NULL, map('p', NULL), X'01', 1, NULL,
-         TIMESTAMP'2026-01-01 12:00:00'),
-        ('M4', 'orders', array(), NULL, map(), NULL, 1, NULL, TIMESTAMP'2026-01-01 12:00:00')"""
+        ('M1', NULL, array(), NULL, map(), X'01', 1, NULL, {T}, NULL),
+        ('M2', 'bad-topic', array(), NULL, map(), X'01', 1, NULL, {T}, NULL),
+        ('M3', 'orders', array(), NULL, map('p', NULL), X'01', 1, NULL, {T}, NULL),
+        ('M4', 'orders', array(), NULL, map(), NULL, 1, NULL, {T}, NULL),
+        ('M5', 'orders', array(), NULL, map(), X'01', NULL, NULL, {T}, {T} + INTERVAL 40 DAYS)"""
     )
     engine = Engine(spark, cfg, clock, out=lambda _: None)
     clock.advance(seconds=1)
@@ -233,7 +234,8 @@ def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
         "M2": "topic 'bad-topic' is not a valid topic name",
         "M3": "a property has an empty name or no value",
         "M4": "body is missing",
+        "M5": "deliver_at is more than messages.max_delay=2592000s ahead",
     }
     assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == good
     status = engine.status()
-    assert (status.quarantined, status.idle) == (4, True)
+    assert (status.quarantined, status.idle) == (5, True)

@@ -24,7 +24,7 @@ def commitlog_rows(
     spark: SparkSession, rows: list[tuple[str, str | None, bytes | None, int | None]]
 ):  # type: ignore[no-untyped-def]
     return spark.createDataFrame(
-        [(m, t, [], None, {}, b, lvl, T0, T0) for m, t, b, lvl in rows], COMMITLOG
+        [(m, t, [], None, {}, b, lvl, T0, T0, None) for m, t, b, lvl in rows], COMMITLOG
     )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
+
 import pytest
 
 from engine.config import EngineConfig
@@ -39,3 +41,48 @@ def test_good_message_is_normalised() -> None:
     assert fields["body"] == "héllo".encode()
     assert fields["keys"] == ["k1", "k2"]
     assert fields["delay_level"] == -3
+
+
+STORE = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"deliver_at": 1767268800123}, datetime(2026, 1, 1, 12, 0, 0, 123_000, tzinfo=UTC)),
+        ({"deliver_at": "1767268800123"}, datetime(2026, 1, 1, 12, 0, 0, 123_000, tzinfo=UTC)),
+        (
+            {"deliver_at": "2026-01-01T13:30:00.250+01:00"},
+            STORE + timedelta(minutes=30, milliseconds=250),
+        ),
+        ({"deliver_at": "2026-01-01T12:00:05Z"}, STORE + timedelta(seconds=5)),
+        ({"delay": "90s"}, STORE + timedelta(seconds=90)),
+        ({"delay": "250ms"}, STORE + timedelta(milliseconds=250)),
+        ({"delay": timedelta(days=2)}, STORE + timedelta(days=2)),
+        ({"deliver_at": STORE - timedelta(hours=1)}, STORE - timedelta(hours=1)),
+        ({"delay_level": 3}, None),
+    ],
+)
+def test_deliver_time_forms(kwargs: dict[str, object], expected: datetime | None) -> None:
+    fields = validate(Message("orders", "x", **kwargs), EngineConfig(), STORE)  # type: ignore[arg-type]
+    assert fields["deliver_at"] == expected
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field", "needle"),
+    [
+        ({"deliver_at": "2026-01-01T12:00:00"}, "deliver_at", "with a zone"),
+        ({"deliver_at": "tomorrow"}, "deliver_at", "ISO-8601"),
+        ({"deliver_at": datetime(2026, 1, 2)}, "deliver_at", "timezone-aware"),  # noqa: DTZ001
+        ({"delay": "soon"}, "delay", "'90s'"),
+        ({"delay": "31d"}, "delay", "max_delay"),
+        ({"deliver_at": "2026-03-01T00:00:00Z"}, "deliver_at", "max_delay"),
+        ({"delay": "5s", "delay_level": 2}, "delay_level", "only one"),
+        ({"deliver_at": 1, "delay": "5s"}, "delay", "only one"),
+    ],
+)
+def test_bad_deliver_times_are_refused(kwargs: dict[str, object], field: str, needle: str) -> None:
+    with pytest.raises(InvalidMessageError) as err:
+        validate(Message("orders", "x", **kwargs), EngineConfig(), STORE)  # type: ignore[arg-type]
+    assert err.value.field == field
+    assert needle in str(err.value)
