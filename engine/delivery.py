@@ -37,7 +37,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import EPOCH, Clock
+from engine.clock import EPOCH, Clock, from_millis
 from engine.config import EngineConfig
 from engine.metrics import ScanMetrics, scan_metrics
 from engine.offsets import OffsetLog, view_sql
@@ -103,7 +103,7 @@ class RoundResult:
         round: the round number (the committed one when something was committed).
         watermark: the round's cutoff time.
         delivered: rows written into topic tables.
-        per_topic: rows per topic.
+        per_topic: rows per topic table (topic names in lower case).
         committed: whether progress was committed.
         replayed: whether this round replayed a plan left by a crash.
         seconds: wall time the round took.
@@ -271,12 +271,28 @@ class Delivery:
             What the round did. A round with nothing to deliver and nothing new writes
             nothing, except a progress flush every ``delivery.checkpoint_flush_interval``.
         """
+        try:
+            return self._run_round()
+        except BaseException:
+            # A write may have landed even though the call failed (an object store's
+            # rename): reload what is durable, so a round number is never used twice.
+            self.progress, self.pending = read_checkpoint(self.spark, self.layout)
+            raise
+
+    def _run_round(self) -> RoundResult:
         started = time.monotonic()
         prev = self.progress
         replayed = self.pending is not None
+        now = self.clock.now()
+        if now < (self.pending or prev).watermark:
+            # The clock stepped back behind a watermark already fixed: delivering now could
+            # be early. Wait until it has caught up.
+            log.warning("clock %s is behind the watermark; round skipped", now.isoformat())
+            skipped = Plan(prev.round, now, -1)
+            return self._result(prev.round, skipped, {}, False, False, started, ScanMetrics())
         plan = self.pending or Plan(
             round=prev.round + 1,
-            watermark=max(self.clock.now(), prev.watermark),
+            watermark=now,
             schedule_version=latest_version(self.spark, self.layout.schedule),
         )
         candidates = (
@@ -289,7 +305,8 @@ class Delivery:
         grouped = candidates.groupBy("topic", "queue_id", "_due").agg(
             F.count(F.lit(1)).alias("n"),
             F.max("stamp_batch").alias("max_batch"),
-            F.max("deliver_ts").alias("max_deliver"),
+            # as epoch ms: a timestamp Python cannot hold must not stop delivery
+            F.max(F.unix_millis("deliver_ts")).alias("max_deliver_ms"),
         )
         summary = grouped.collect()
         scanned = scan_metrics(grouped)
@@ -313,30 +330,33 @@ class Delivery:
         return self._result(plan.round, plan, per_topic, True, replayed, started, scanned)
 
     def _write_topics(self, due_rows: DataFrame, due: list, plan: Plan) -> dict[str, int]:  # type: ignore[type-arg]
-        per_topic: dict[str, int] = {}
+        # Keyed by table: topics differing only in case share one table, and a second write
+        # with the same txnVersion would be skipped by Delta. One write per table.
+        per_table: dict[str, int] = {}
         for r in due:
-            per_topic[r["topic"]] = per_topic.get(r["topic"], 0) + r["n"]
+            name = topic_table_name(r["topic"])
+            per_table[name] = per_table.get(name, 0) + r["n"]
         delivered_ts = self.clock.now()
 
-        def write(topic: str) -> None:
+        def write(name: str) -> None:
+            rows = due_rows.where(F.lower(F.col("topic")) == name)
             (
-                to_topic_rows(due_rows.where(F.col("topic") == topic), delivered_ts, plan.round)
+                to_topic_rows(rows, delivered_ts, plan.round)
                 .write.format("delta")
                 .mode("append")
                 .option("txnAppId", self.app_id)
                 .option("txnVersion", plan.round)
-                .save(self.layout.topic(topic))
+                .save(self.layout.topic(name))
             )
 
         # Each write is one Delta commit, mostly driver-side latency: overlap them.
         with ThreadPoolExecutor(max_workers=TOPIC_WRITERS) as pool:
-            list(pool.map(write, sorted(per_topic)))
-        for topic in sorted(per_topic):
-            name = topic_table_name(topic)
+            list(pool.map(write, sorted(per_table)))
+        for name in sorted(per_table):
             if self.cfg.register_tables and name not in self._known_topics:
-                register_table(self.spark, self.cfg, name, self.layout.topic(topic))
+                register_table(self.spark, self.cfg, name, self.layout.topic(name))
                 self._known_topics.add(name)
-        return per_topic
+        return per_table
 
     def _commit(self, prev: Progress, plan: Plan, due: list, high_batch: int) -> None:  # type: ignore[type-arg]
         queues = dict(prev.queues)
@@ -345,11 +365,10 @@ class Delivery:
         delivered: dict[int, int] = {}
         for r in due:
             q = queues.get(r["queue_id"], QueueProgress())
-            last = _ts_aware(r["max_deliver"])
-            queues[r["queue_id"]] = QueueProgress(
-                q.delivered_total + r["n"],
-                max(last, q.last_deliver_ts) if q.last_deliver_ts else last,
-            )
+            last = _from_ms(r["max_deliver_ms"]) or q.last_deliver_ts
+            if last and q.last_deliver_ts:
+                last = max(last, q.last_deliver_ts)
+            queues[r["queue_id"]] = QueueProgress(q.delivered_total + r["n"], last)
             delivered[r["queue_id"]] = delivered.get(r["queue_id"], 0) + r["n"]
         progress = replace(
             prev,
@@ -391,10 +410,12 @@ class Delivery:
         )
 
 
-def _ts_aware(value: datetime) -> datetime:
-    # PySpark returns naive datetimes in the Python process's local time zone (whatever the
-    # session time zone); .timestamp() reads them as local time, giving the true instant.
-    return value if value.tzinfo else datetime.fromtimestamp(value.timestamp(), UTC)
+def _from_ms(ms: int | None) -> datetime | None:
+    """An aware datetime for epoch ms, or ``None`` when Python cannot represent it."""
+    try:
+        return from_millis(ms) if ms is not None else None
+    except OverflowError:
+        return None
 
 
 def correct_deliver_timestamps(

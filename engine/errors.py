@@ -43,5 +43,9 @@ class RetryableError(DelayQError):
     """
 
 
+class DeliveryError(DelayQError):
+    """Raised when delivery rounds keep failing (not a transient fault): the engine stops."""
+
+
 class CheckpointError(DelayQError):
     """Raised when the delayOffset checkpoint is inconsistent with the tables it guards."""

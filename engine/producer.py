@@ -225,7 +225,7 @@ def send_many(
     if not fields:
         return []
     ids = [new_msg_id() for _ in fields]
-    lay = ensure_tables(spark, cfg)
+    lay = ensure_tables(spark, cfg, migrate=False)
     rows = [
         {**f, "msg_id": msg_id, "born_ts": f["born_ts"] or store_ts, "store_ts": store_ts}
         for f, msg_id in zip(fields, ids, strict=True)
@@ -281,6 +281,14 @@ def _from_mapping(item: Mapping[str, Any], index: int) -> Message:
     return Message(**item)
 
 
+def out_of_range(column: str) -> Column:
+    """True when a timestamp lies outside the years the engine handles (1970 to 9000)."""
+    value = F.col(column)
+    return (value < F.lit("1970-01-01").cast("timestamp")) | (
+        value >= F.lit("9000-01-01").cast("timestamp")
+    )
+
+
 def rejection_reason(cfg: EngineConfig) -> Column:
     """A column that is null for a valid ``commitlog`` row, else says what is wrong.
 
@@ -311,6 +319,8 @@ def rejection_reason(cfg: EngineConfig) -> Column:
             ),
         )
         .when(F.col("store_ts").isNull(), F.lit("store_ts is missing"))
+        .when(out_of_range("store_ts"), F.lit("store_ts is outside 1970-01-01..9000-01-01"))
+        .when(out_of_range("deliver_at"), F.lit("deliver_at is outside 1970-01-01..9000-01-01"))
         .when(
             F.unix_millis("deliver_at") - F.unix_millis("store_ts") > cfg.max_delay_ms,
             F.lit(f"deliver_at is more than messages.max_delay={cfg.max_delay_ms // 1000}s ahead"),
@@ -357,7 +367,7 @@ def send_df(
         first_bad = checked.where(F.col("_reason").isNotNull()).select("_reason", "topic").first()
         if first_bad is not None:
             raise InvalidMessageError("row", first_bad["topic"], first_bad["_reason"])
-        lay = ensure_tables(spark, cfg)
+        lay = ensure_tables(spark, cfg, migrate=False)
         checked.drop("_reason").write.format("delta").mode("append").save(lay.commitlog)
         return checked.count()
     finally:

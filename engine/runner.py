@@ -34,7 +34,7 @@ from engine.delivery import (
     correct_deliver_timestamps,
     read_checkpoint,
 )
-from engine.errors import CheckpointError, DelayQError, RetryableError
+from engine.errors import CheckpointError, DelayQError, DeliveryError, RetryableError
 from engine.fs import hadoop_path
 from engine.stamp import StampWriter
 from engine.tables import (
@@ -49,6 +49,7 @@ log = logging.getLogger("delayq")
 STAMP_QUERY = "delayq-stamp"
 DELIVER_QUERY = "delayq-deliver"
 ERROR_BACKOFF_S = 10.0  # RocketMQ waits 10 s after a failed delivery attempt
+MAX_FAILED_ROUNDS = 30  # about 5 minutes of failures in a row stops the engine
 IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is pending
 
 
@@ -131,6 +132,7 @@ class DeliveryStats:
     rounds: int = 0
     delivered: int = 0
     errors: int = 0
+    failing: int = 0
     last_error: str = ""
     round_seconds: list[float] = field(default_factory=list)
 
@@ -164,6 +166,7 @@ class Engine:
         self.stamper = StampWriter(cfg, self.layout, self.clock)
         self._check_stamp_checkpoint()
         self.delivery = Delivery(spark, cfg, self.layout, self.clock, after_topic_writes)
+        self._check_delivery_checkpoint()
         self.stats = DeliveryStats()
         self.queries: list[StreamingQuery] = []
         self._stopping = threading.Event()
@@ -181,6 +184,15 @@ class Engine:
                 "empty lakehouse (stamping again would schedule every message twice)"
             )
 
+    def _check_delivery_checkpoint(self) -> None:
+        fresh = self.delivery.progress.round < 0 and self.delivery.pending is None
+        if fresh and list_topics(self.spark, self.cfg):
+            raise CheckpointError(
+                f"topic tables exist under {self.layout.topics} but the delivery checkpoint "
+                f"{self.layout.delay_offset} is empty: restore it, or start from an empty "
+                "lakehouse (delivering again from the start would duplicate every message)"
+            )
+
     def _recover(self) -> None:
         if self.delivery.pending is not None:
             plan = self.delivery.pending
@@ -189,8 +201,10 @@ class Engine:
             )
             result = self.delivery.run_round()
             self.out(f"round {result.round} replayed: {result.delivered} rows written")
+        # A plan still pending (its replay waits for the clock) has fixed a later watermark.
+        floor = (self.delivery.pending or self.delivery.progress).watermark
         corrected = correct_deliver_timestamps(
-            self.spark, self.cfg, self.layout, self.clock.now(), self.delivery.progress.watermark
+            self.spark, self.cfg, self.layout, self.clock.now(), floor
         )
         if corrected:
             self.out(
@@ -215,6 +229,7 @@ class Engine:
 
     def _deliver(self) -> RoundResult:
         result = self.delivery.run_round()
+        self.stats.failing = 0
         self.stats.rounds += 1
         self.stats.delivered += result.delivered
         if result.delivered:
@@ -252,7 +267,12 @@ class Engine:
 
     def _retry_later(self, err: Exception) -> None:
         self.stats.errors += 1
+        self.stats.failing += 1
         self.stats.last_error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        if self.stats.failing >= MAX_FAILED_ROUNDS:
+            # The same failure for minutes is not transient: stop and say so.
+            failed = f"{self.stats.failing} delivery rounds failed in a row"
+            raise DeliveryError(f"{failed}; last: {self.stats.last_error}") from err
         log.exception("delivery round failed; retrying in %.0f s", ERROR_BACKOFF_S)
         self._stopping.wait(ERROR_BACKOFF_S)
 

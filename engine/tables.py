@@ -25,7 +25,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from engine.config import EngineConfig
-from engine.errors import InvalidMessageError
+from engine.errors import InvalidMessageError, SetupError
 from engine.fs import hadoop_path, jvm
 from engine.offsets import view_sql
 from schemas import COMMITLOG, QUARANTINE, SCHEDULE
@@ -105,9 +105,11 @@ def topic_table_name(topic: str) -> str:
     return topic.lower()
 
 
-def _create(spark: SparkSession, path: str, schema: StructType, partition: str | None) -> None:
+def _create(
+    spark: SparkSession, path: str, schema: StructType, partition: str | None, migrate: bool
+) -> None:
     if DeltaTable.isDeltaTable(spark, path):
-        _add_missing_columns(spark, path, schema)
+        _add_missing_columns(spark, path, schema, migrate)
         return
     builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
     if partition:
@@ -120,21 +122,38 @@ def _create(spark: SparkSession, path: str, schema: StructType, partition: str |
             raise
 
 
-def _add_missing_columns(spark: SparkSession, path: str, schema: StructType) -> None:
-    """Bring a lakehouse made by an older version up to date: add new (nullable) columns."""
+def _add_missing_columns(spark: SparkSession, path: str, schema: StructType, migrate: bool) -> None:
+    """Bring a lakehouse made by an older version up to date: add new (nullable) columns.
+
+    Only the engine migrates, at start, before its streams read the tables; a producer
+    that finds an old table fails with a clear message instead.
+    """
     present = set(spark.read.format("delta").load(path).columns)
     missing = [f for f in schema.fields if f.name not in present]
+    if missing and not migrate:
+        names = ", ".join(f.name for f in missing)
+        raise SetupError(
+            f"{path} was made by an older version (no {names}): start the engine once "
+            "(make run, or jobs/delay_engine.py) to upgrade the lakehouse"
+        )
     if missing:
         columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
         spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
 
 
-def ensure_tables(spark: SparkSession, cfg: EngineConfig) -> Layout:
-    """Create the engine's tables if missing (safe to call again) and return the layout."""
+def ensure_tables(spark: SparkSession, cfg: EngineConfig, migrate: bool = True) -> Layout:
+    """Create the engine's tables if missing (safe to call again) and return the layout.
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: the lakehouse to use.
+        migrate: add columns that tables made by an older version lack (the engine does,
+            at start); if false, such a table raises :class:`~engine.errors.SetupError`.
+    """
     lay = layout(cfg)
-    _create(spark, lay.commitlog, COMMITLOG, None)
-    _create(spark, lay.schedule, SCHEDULE, "queue_id")
-    _create(spark, lay.quarantine, QUARANTINE, None)
+    _create(spark, lay.commitlog, COMMITLOG, None, migrate)
+    _create(spark, lay.schedule, SCHEDULE, "queue_id", migrate)
+    _create(spark, lay.quarantine, QUARANTINE, None, migrate)
     return lay
 
 

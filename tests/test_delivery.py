@@ -220,7 +220,9 @@ def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
         ('M2', 'bad-topic', array(), NULL, map(), X'01', 1, NULL, {T}, NULL),
         ('M3', 'orders', array(), NULL, map('p', NULL), X'01', 1, NULL, {T}, NULL),
         ('M4', 'orders', array(), NULL, map(), NULL, 1, NULL, {T}, NULL),
-        ('M5', 'orders', array(), NULL, map(), X'01', NULL, NULL, {T}, {T} + INTERVAL 40 DAYS)"""
+        ('M5', 'orders', array(), NULL, map(), X'01', NULL, NULL, {T}, {T} + INTERVAL 40 DAYS),
+        ('M6', 'orders', array(), NULL, map(), X'01', 18, NULL,
+         TIMESTAMP'9999-12-31 23:00:00', NULL)"""
     )
     engine = Engine(spark, cfg, clock, out=lambda _: None)
     clock.advance(seconds=1)
@@ -235,7 +237,96 @@ def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
         "M3": "a property has an empty name or no value",
         "M4": "body is missing",
         "M5": "deliver_at is more than messages.max_delay=2592000s ahead",
+        "M6": "store_ts is outside 1970-01-01..9000-01-01",
     }
     assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == good
     status = engine.status()
-    assert (status.quarantined, status.idle) == (5, True)
+    assert (status.quarantined, status.idle) == (6, True)
+
+
+def test_topics_differing_only_in_case_lose_nothing(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    ids = send_many(spark, cfg, [Message("Orders", "a"), Message("orders", "b")], clock)
+    result = Engine(spark, cfg, clock, out=lambda _: None).step()
+    assert result.per_topic == {"orders": 2}
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, ids)
+    assert sorted(r["topic"] for r in rows) == ["Orders", "orders"]
+
+
+def test_clock_stepping_back_never_delivers_early(
+    spark: SparkSession, make_cfg: Any, clock: FakeClock
+) -> None:
+    cfg = make_cfg(levels="1s 1h", checkpoint_flush_ms=1)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    clock.advance(seconds=3600)
+    engine.step()  # the watermark is now t0 + 1 h
+    clock.advance(seconds=-3600)  # NTP steps the clock back an hour
+    [msg_id] = send_many(spark, cfg, [Message("orders", "x", delay_level=2)], clock)
+    engine.step()
+    assert delivered_rows(spark, cfg) == [], "due at t0 + 1 h, it is only t0"
+    clock.advance(seconds=3600)
+    engine.step()
+    assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == [msg_id]
+
+
+def test_missing_delivery_checkpoint_refuses_to_start(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    import shutil
+
+    from engine.errors import CheckpointError
+
+    send_many(spark, cfg, [Message("orders", "a")], clock)
+    Engine(spark, cfg, clock, out=lambda _: None).step()
+    shutil.rmtree(layout(cfg).delay_offset)
+    with pytest.raises(CheckpointError, match="duplicate every message"):
+        Engine(spark, cfg, clock, out=lambda _: None)
+
+
+def test_a_failed_commit_never_reuses_a_round_number(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.offsets import OffsetLog
+
+    ids = send_many(spark, cfg, mixed_messages(6), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    real_write = OffsetLog.write
+
+    def landed_but_failed(self: OffsetLog, round_: int, rows: Any, planned: bool = False) -> None:
+        real_write(self, round_, rows, planned)
+        if not planned:
+            raise OSError("rename reported failure after the copy landed")
+
+    monkeypatch.setattr(OffsetLog, "write", landed_but_failed)
+    clock.advance(seconds=1)
+    with pytest.raises(OSError):
+        engine.step()
+    monkeypatch.setattr(OffsetLog, "write", real_write)
+    committed = engine.delivery.progress.round
+    assert committed == 0, "the landed commit was reloaded"
+    clock.advance(seconds=5)
+    assert engine.step().round == committed + 1
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+
+
+def test_producers_do_not_migrate_an_old_lakehouse_the_engine_does(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql.types import StructType
+
+    from engine.errors import SetupError
+    from schemas import COMMITLOG
+
+    old = StructType([f for f in COMMITLOG.fields if f.name != "deliver_at"])
+    DeltaTable.create(spark).location(layout(cfg).commitlog).addColumns(old).execute()
+    with pytest.raises(SetupError, match="start the engine once"):
+        send_many(spark, cfg, [Message("orders", "a")], clock)
+    Engine(spark, cfg, clock, out=lambda _: None)
+    [msg_id] = send_many(spark, cfg, [Message("orders", "a", delay="1s")], clock)
+    clock.advance(seconds=1)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine.step()
+    assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == [msg_id]
