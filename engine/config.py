@@ -6,7 +6,7 @@ overrides (``--set`` on the command line, or the ``overrides`` argument). Keys a
 naming the key and the value.
 
 Example:
-    >>> cfg = EngineConfig.from_mapping({"levels.delays": "1s 2s 3s", "lakehouse.path": "/tmp/lh"})
+    >>> cfg = EngineConfig.from_mapping({"levels.delays": "1s 2s 3s", "lakehouse.path": "lh"})
     >>> cfg.levels.max_level
     3
 """

@@ -53,10 +53,14 @@ PLANNED = "planned"
 
 @dataclass(frozen=True)
 class QueueProgress:
-    """One queue's progress: how many rows it has delivered, up to which deliver time."""
+    """One queue's progress: rows stamped and delivered so far, up to which deliver time.
+
+    ``stamped_total - delivered_total`` is what the queue holds, known without a scan.
+    """
 
     delivered_total: int = 0
     last_deliver_ts: datetime | None = None
+    stamped_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -175,7 +179,9 @@ def read_checkpoint(spark: SparkSession, layout: Layout) -> tuple[Progress, Plan
             stamp_batch=int(head["stamp_batch"]),
             queues={
                 int(r["queue_id"]): QueueProgress(
-                    int(r["delivered_total"]), _ts(r["last_deliver_ts"])
+                    int(r["delivered_total"]),
+                    _ts(r["last_deliver_ts"]),
+                    int(r.get("stamped_total") or 0),
                 )
                 for r in rows
                 if r.get("queue_id") is not None
@@ -203,6 +209,7 @@ def checkpoint_rows(
                 **common, "status": PLANNED, "queue_id": None, "round": plan.round,
                 "watermark": plan.watermark.isoformat(), "schedule_version": plan.schedule_version,
                 "delivered": 0, "delivered_total": 0, "last_deliver_ts": None,
+                "stamped_total": 0,
             }
         ]  # fmt: skip
     return [
@@ -211,10 +218,30 @@ def checkpoint_rows(
             "watermark": progress.watermark.isoformat(),
             "schedule_version": progress.schedule_version,
             "delivered": delivered.get(queue_id, 0), "delivered_total": q.delivered_total,
+            "stamped_total": q.stamped_total,
             "last_deliver_ts": q.last_deliver_ts.isoformat() if q.last_deliver_ts else None,
         }
         for queue_id, q in sorted(progress.queues.items())
     ]  # fmt: skip
+
+
+def count_stamped(spark: SparkSession, layout: Layout, progress: Progress) -> Progress:
+    """Fill ``stamped_total`` from ``schedule`` (once, for a checkpoint written before it)."""
+    counts = (
+        spark.read.format("delta")
+        .option("versionAsOf", progress.schedule_version)
+        .load(layout.schedule)
+        .where(F.col("stamp_batch") <= progress.stamp_batch)
+        .groupBy("queue_id")
+        .count()
+        .collect()
+    )
+    queues = dict(progress.queues)
+    for r in counts:
+        queues[r["queue_id"]] = replace(
+            queues.get(r["queue_id"], QueueProgress()), stamped_total=int(r["count"])
+        )
+    return replace(progress, queues=queues)
 
 
 def latest_version(spark: SparkSession, path: str) -> int:
@@ -256,6 +283,10 @@ class Delivery:
         self.after_topic_writes = after_topic_writes
         self.offsets = OffsetLog(spark, layout.delay_offset)
         self.progress, self.pending = read_checkpoint(spark, layout)
+        if self.progress.round >= 0 and not any(
+            q.stamped_total for q in self.progress.queues.values()
+        ):
+            self.progress = count_stamped(spark, layout, self.progress)
         self._last_commit = time.monotonic()
         self._known_topics: set[str] = set()
 
@@ -301,8 +332,9 @@ class Delivery:
             .load(self.layout.schedule)
             .where(candidate_condition(prev, plan))
             .withColumn("_due", due_condition(plan))
+            .withColumn("_new", F.col("stamp_batch") > F.lit(prev.stamp_batch))
         )
-        grouped = candidates.groupBy("topic", "queue_id", "_due").agg(
+        grouped = candidates.groupBy("topic", "queue_id", "_due", "_new").agg(
             F.count(F.lit(1)).alias("n"),
             F.max("stamp_batch").alias("max_batch"),
             # as epoch ms: a timestamp Python cannot hold must not stop delivery
@@ -326,7 +358,7 @@ class Delivery:
         per_topic = self._write_topics(candidates.where("_due"), due, plan)
         if self.after_topic_writes is not None:
             self.after_topic_writes(plan)
-        self._commit(prev, plan, due, high_batch)
+        self._commit(prev, plan, summary, high_batch)
         return self._result(plan.round, plan, per_topic, True, replayed, started, scanned)
 
     def _write_topics(self, due_rows: DataFrame, due: list, plan: Plan) -> dict[str, int]:  # type: ignore[type-arg]
@@ -358,17 +390,21 @@ class Delivery:
                 self._known_topics.add(name)
         return per_table
 
-    def _commit(self, prev: Progress, plan: Plan, due: list, high_batch: int) -> None:  # type: ignore[type-arg]
+    def _commit(self, prev: Progress, plan: Plan, summary: list, high_batch: int) -> None:  # type: ignore[type-arg]
         queues = dict(prev.queues)
         for level in range(self.cfg.levels.max_level + 1):
             queues.setdefault(level, QueueProgress())
         delivered: dict[int, int] = {}
-        for r in due:
+        for r in summary:
             q = queues.get(r["queue_id"], QueueProgress())
+            stamped = q.stamped_total + (r["n"] if r["_new"] else 0)
+            if not r["_due"]:
+                queues[r["queue_id"]] = replace(q, stamped_total=stamped)
+                continue
             last = _from_ms(r["max_deliver_ms"]) or q.last_deliver_ts
             if last and q.last_deliver_ts:
                 last = max(last, q.last_deliver_ts)
-            queues[r["queue_id"]] = QueueProgress(q.delivered_total + r["n"], last)
+            queues[r["queue_id"]] = QueueProgress(q.delivered_total + r["n"], last, stamped)
             delivered[r["queue_id"]] = delivered.get(r["queue_id"], 0) + r["n"]
         progress = replace(
             prev,

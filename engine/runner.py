@@ -18,10 +18,9 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from engine.clock import Clock, SystemClock
@@ -59,7 +58,7 @@ class Status:
 
     Attributes:
         sent: rows in ``commitlog``.
-        unstamped: rows sent but not yet stamped or quarantined.
+        unstamped: rows sent but not yet stamped (and seen by a delivery round) or quarantined.
         pending: per queue, stamped rows not yet delivered.
         delivered: per queue, rows delivered so far.
         quarantined: rows refused, with a reason in ``quarantine``.
@@ -103,14 +102,9 @@ def read_status(
     """Compute :class:`Status` from the tables (and the given or stored checkpoint)."""
     if progress is None:
         progress, _ = read_checkpoint(spark, layout)
-    stamped = {
-        r["queue_id"]: r["n"]
-        for r in spark.read.format("delta")
-        .load(layout.schedule)
-        .groupBy("queue_id")
-        .agg(F.count(F.lit(1)).alias("n"))
-        .collect()
-    }
+    # Counted by the delivery rounds and kept in the checkpoint: no scan of `schedule`,
+    # whose size grows with the backlog. Rows stamped since the last round show as unstamped.
+    stamped = {q: p.stamped_total for q, p in progress.queues.items() if p.stamped_total}
     delivered = {q: p.delivered_total for q, p in progress.queues.items() if p.delivered_total}
     pending = {q: n - delivered.get(q, 0) for q, n in stamped.items()}
     sent = _count(spark, layout.commitlog)
@@ -134,7 +128,7 @@ class DeliveryStats:
     errors: int = 0
     failing: int = 0
     last_error: str = ""
-    round_seconds: list[float] = field(default_factory=list)
+    last_round_seconds: float = 0.0
 
 
 class Engine:
@@ -233,7 +227,7 @@ class Engine:
         self.stats.rounds += 1
         self.stats.delivered += result.delivered
         if result.delivered:
-            self.stats.round_seconds.append(result.seconds)
+            self.stats.last_round_seconds = result.seconds
         return result
 
     # ----------------------------------------------------------------- streaming
@@ -324,6 +318,8 @@ class Engine:
     def progress_line(self) -> str:
         """The status as one line, with the delivery stage's error count if any."""
         line = self.status().line(self.cfg.levels.label)
+        if self.stats.last_round_seconds:
+            line += f" | last round {self.stats.last_round_seconds:.1f}s"
         if self.stats.errors:
             line += f" | errors {self.stats.errors} (last: {self.stats.last_error})"
         return line
@@ -363,7 +359,3 @@ class Engine:
         final = self.status()
         self.out(f"[{self.clock.now():%H:%M:%S}] {final.line(self.cfg.levels.label)}")
         return final
-
-    def topics(self) -> list[str]:
-        """The topic tables in the lakehouse."""
-        return list_topics(self.spark, self.cfg)

@@ -12,7 +12,6 @@ the stamping stream. Both writes are idempotent per micro-batch (``txnAppId`` +
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from datetime import datetime
 
 from pyspark.sql import Column, DataFrame
@@ -83,15 +82,6 @@ def stamp(
     return scheduled, quarantined
 
 
-@dataclass
-class StampStats:
-    """Running totals of the stamping stream since the process started."""
-
-    batches: int = 0
-    stamped: int = 0
-    quarantined: int = 0
-
-
 class StampWriter:
     """The stamping stream's ``foreachBatch``: stamp, then append idempotently.
 
@@ -104,7 +94,6 @@ class StampWriter:
         self.cfg = cfg
         self.layout = layout
         self.clock = clock
-        self.stats = StampStats()
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Stamp one micro-batch; safe to call again with the same ``batch_id``."""
@@ -125,9 +114,6 @@ class StampWriter:
                 self._append(ordered, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
             if bad:
                 self._append(quarantined, self.layout.quarantine, batch_id)
-            self.stats.batches += 1
-            self.stats.stamped += good
-            self.stats.quarantined += bad
         finally:
             batch.unpersist()
 

@@ -110,6 +110,7 @@ DELAY_OFFSET = StructType(
         ("delivered_total", LongType()),
         ("last_deliver_ts", TimestampType()),
         ("updated_ts", TimestampType()),
+        ("stamped_total", LongType()),
     )
 )
 

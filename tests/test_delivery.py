@@ -68,6 +68,8 @@ def test_clamped_level_waits_for_the_max_delay(
     engine = Engine(spark, cfg, clock, out=lambda _: None)
     run_for(engine, clock, 2.5)
     assert delivered_rows(spark, cfg) == []
+    status = engine.status()
+    assert (status.pending, status.unstamped) == ({3: 1}, 0), "waits in the top level's queue"
     run_for(engine, clock, 0.5)
     [row] = delivered_rows(spark, cfg)
     assert (row["msg_id"], row["queue_id"], row["delay_level"]) == (msg_id, 3, 99)
