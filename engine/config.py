@@ -27,6 +27,13 @@ from engine.levels import DEFAULT_LEVELS, LevelTable, parse_duration_ms, parse_l
 
 #: Where the default configuration file lives, relative to the repository root.
 DEFAULT_CONF = Path(__file__).resolve().parent.parent / "conf" / "engine.toml"
+#: Spark settings sized for one machine (Spark's own defaults are 200 shuffle partitions and
+#: Delta's 50 snapshot partitions, several times slower per round on 2 cores). Entries under
+#: ``[spark.conf]`` in the file, or ``spark.conf.*`` overrides, replace them.
+LOCAL_SPARK_CONF = {
+    "spark.sql.shuffle.partitions": "2",
+    "spark.databricks.delta.snapshotPartitions": "2",
+}
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
@@ -120,7 +127,8 @@ class EngineConfig:
         jars_dir: folder holding the JVM jars passed as ``spark.jars``.
         log_level: Spark log level for sessions the engine builds.
         register_tables: register topic tables by name in the session catalog.
-        spark_conf: extra Spark settings (``[spark.conf]`` in the file).
+        spark_conf: extra Spark settings (``[spark.conf]`` in the file), on top of
+            :data:`LOCAL_SPARK_CONF`.
     """
 
     lakehouse: str = "lakehouse"
@@ -139,7 +147,9 @@ class EngineConfig:
     jars_dir: str = ".jars"
     log_level: str = "WARN"
     register_tables: bool = True
-    spark_conf: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    spark_conf: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType(dict(LOCAL_SPARK_CONF))
+    )
 
     def __post_init__(self) -> None:
         if not isinstance(self.spark_conf, MappingProxyType):
@@ -154,7 +164,7 @@ class EngineConfig:
         Keys under ``spark.conf.`` are passed to Spark as they are.
         """
         values: dict[str, Any] = {}
-        spark_conf: dict[str, str] = {}
+        spark_conf: dict[str, str] = dict(LOCAL_SPARK_CONF)
         for key, value in settings.items():
             if key.startswith("spark.conf."):
                 spark_conf[key.removeprefix("spark.conf.")] = str(value)

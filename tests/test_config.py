@@ -66,3 +66,10 @@ def test_parse_override() -> None:
     assert parse_override("levels.delays=1s 2s") == ("levels.delays", "1s 2s")
     with pytest.raises(ConfigError, match="key=value"):
         parse_override("levels.delays")
+
+
+def test_spark_settings_default_to_one_machine_and_can_be_raised() -> None:
+    assert EngineConfig().spark_conf["spark.sql.shuffle.partitions"] == "2"
+    raised = EngineConfig.from_mapping({"spark.conf.spark.sql.shuffle.partitions": "64"})
+    assert raised.spark_conf["spark.sql.shuffle.partitions"] == "64"
+    assert raised.spark_conf["spark.databricks.delta.snapshotPartitions"] == "2"
