@@ -9,6 +9,9 @@ Examples::
     delayq status
     delayq topics
     delayq sql "SELECT msg_id, CAST(body AS STRING) FROM delayq.orders"
+    delayq pending --topic orders          # what waits, soonest first
+    delayq forecast --minutes 60           # how many come due per minute
+    delayq history --key order-1           # sent, stamped, delivered, with times
     delayq run --until-idle --set levels.delays="1s 2s 3s"
 
 Every command takes ``--conf FILE`` and any number of ``--set key=value`` overrides
@@ -23,6 +26,8 @@ import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
+
+from pyspark.sql import functions as F
 
 from engine.config import EngineConfig, load_config, parse_override
 from engine.errors import DelayQError
@@ -78,6 +83,16 @@ def _parser() -> argparse.ArgumentParser:
 
     sub.add_parser("status", parents=[common], help="pending per level, delivered, quarantined")
     sub.add_parser("topics", parents=[common], help="topic tables and their row counts")
+    pend = sub.add_parser("pending", parents=[common], help="messages waiting, by topic or key")
+    pend.add_argument("--topic", help="only this topic")
+    pend.add_argument("--key", help="only messages with this key")
+    pend.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
+    fore = sub.add_parser("forecast", parents=[common], help="how many come due per minute")
+    fore.add_argument("--minutes", type=int, default=60, help="how far ahead (default 60)")
+    hist = sub.add_parser("history", parents=[common], help="one message's events, by id or key")
+    who = hist.add_mutually_exclusive_group(required=True)
+    who.add_argument("--id", dest="msg_id", help="message id")
+    who.add_argument("--key", help="every message with this key")
     sql = sub.add_parser("sql", parents=[common], help="run a SQL query with tables registered")
     sql.add_argument("query", help='e.g. "SELECT * FROM delayq.orders"')
     sql.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
@@ -262,12 +277,54 @@ def cmd_sql(args: argparse.Namespace, cfg: EngineConfig) -> int:
     return 0
 
 
+def cmd_pending(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq pending``: waiting messages, soonest first, with counts per topic."""
+    from engine.inspect import pending
+    from engine.session import build_spark
+
+    spark = build_spark(cfg)
+    rows = pending(spark, cfg)
+    if args.topic:
+        rows = rows.where(F.lower(F.col("topic")) == args.topic.lower())
+    if args.key:
+        rows = rows.where(F.array_contains(F.col("keys"), args.key))
+    rows.groupBy("topic").count().orderBy("topic").show(truncate=False)
+    rows.selectExpr(
+        "msg_id", "topic", "array_join(keys, ' ') AS keys", "queue_id", "deliver_ts"
+    ).orderBy("deliver_ts").show(args.limit, truncate=False)
+    return 0
+
+
+def cmd_forecast(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq forecast``: pending messages per minute over the next minutes."""
+    from engine.clock import SystemClock
+    from engine.inspect import forecast
+    from engine.session import build_spark
+
+    forecast(build_spark(cfg), cfg, SystemClock().now(), args.minutes).show(
+        args.minutes + 1, truncate=False
+    )
+    return 0
+
+
+def cmd_history(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq history``: sent, stamped, quarantined and delivered events, in order."""
+    from engine.inspect import history
+    from engine.session import build_spark
+
+    history(build_spark(cfg), cfg, msg_id=args.msg_id, key=args.key).show(200, truncate=False)
+    return 0
+
+
 COMMANDS = {
     "send": cmd_send,
     "run": cmd_run,
     "status": cmd_status,
     "topics": cmd_topics,
     "sql": cmd_sql,
+    "pending": cmd_pending,
+    "forecast": cmd_forecast,
+    "history": cmd_history,
 }
 
 

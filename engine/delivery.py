@@ -40,8 +40,9 @@ from pyspark.sql import functions as F
 from engine.clock import EPOCH, Clock, from_millis
 from engine.config import EngineConfig
 from engine.metrics import ScanMetrics, scan_metrics
-from engine.offsets import OffsetLog, view_sql
+from engine.offsets import OffsetLog
 from engine.tables import Layout, register_table, topic_table_name
+from engine.views import register_views
 from schemas import TOPIC, column_names
 
 log = logging.getLogger(__name__)
@@ -417,7 +418,7 @@ class Delivery:
         self.offsets.write(plan.round, checkpoint_rows(progress, None, delivered, self.clock.now()))
         self.progress, self.pending = progress, None
         if self.cfg.register_tables and "delay_offset" not in self._known_topics:
-            self.spark.sql(view_sql(self.cfg.database, self.layout.delay_offset))
+            register_views(self.spark, self.cfg.database, self.layout.delay_offset)
             self._known_topics.add("delay_offset")
         if plan.round % 100 == 0:
             self.offsets.purge(plan.round - RETAIN_ROUNDS)

@@ -22,10 +22,8 @@ from typing import Any
 from pyspark.sql import SparkSession
 
 from engine.fs import hadoop_path, jvm
-from schemas import DELAY_OFFSET, column_names
 
 _NAME = re.compile(r"^(\d{20})(\.plan)?\.json$")
-COLUMNS = column_names(DELAY_OFFSET)
 
 
 class OffsetLog:
@@ -111,13 +109,3 @@ class OffsetLog:
 
     def _delete(self, name: str) -> None:
         self._fs.delete(self._jvm.org.apache.hadoop.fs.Path(self._dir, name), False)
-
-
-def view_sql(database: str, path: str) -> str:
-    """SQL creating the ``delay_offset`` view over the log (typed columns)."""
-    casts = ", ".join(
-        f"CAST({f.name} AS {f.dataType.simpleString()}) AS {f.name}" for f in DELAY_OFFSET.fields
-    )
-    return (
-        f"CREATE OR REPLACE VIEW `{database}`.`delay_offset` AS SELECT {casts} FROM json.`{path}`"
-    )

@@ -27,7 +27,7 @@ from pyspark.sql.types import StructType
 from engine.config import EngineConfig
 from engine.errors import InvalidMessageError, SetupError
 from engine.fs import hadoop_path, jvm
-from engine.offsets import view_sql
+from engine.views import register_views
 from schemas import COMMITLOG, QUARANTINE, SCHEDULE
 
 #: Topic names: a SQL identifier, so that the topic's table can be named in SQL.
@@ -209,7 +209,7 @@ def register_topic_tables(spark: SparkSession, cfg: EngineConfig) -> list[str]:
         if DeltaTable.isDeltaTable(spark, path):
             register_table(spark, cfg, name, path)
     if list_files(spark, lay.delay_offset, ".json"):
-        spark.sql(view_sql(cfg.database, lay.delay_offset))
+        register_views(spark, cfg.database, lay.delay_offset)
     topics = list_topics(spark, cfg)
     for name in topics:
         register_table(spark, cfg, name, f"{lay.topics}/{name}")

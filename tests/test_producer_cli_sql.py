@@ -115,6 +115,13 @@ def test_cli_send_status_and_sql(
     code, out, _ = cli(capsys, cfg, "sql", f"SELECT count(*) AS n FROM {cfg.database}.orders")
     assert code == 0 and f"|{delivered:<3}|" in out
 
+    code, out, _ = cli(capsys, cfg, "history", "--key", "k1")
+    assert code == 0 and "sent" in out and "delivered" in out
+    code, out, _ = cli(capsys, cfg, "pending", "--topic", "orders")
+    assert code == 0 and "deliver_ts" in out
+    code, out, _ = cli(capsys, cfg, "forecast", "--minutes", "5")
+    assert code == 0 and "minute" in out
+
     code, _, err = cli(capsys, cfg, "status", "--set", "levels.delays=1s 2x")
     assert code == 2 and "levels.delays" in err and "'2x'" in err
 
