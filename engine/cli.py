@@ -33,6 +33,7 @@ from engine.config import EngineConfig, load_config, parse_override
 from engine.errors import DelayQError
 
 DEMO_TOPICS = ("orders", "notifications")
+DEMO_MAX_LEVEL = 4  # 30 s with the default table: the demo ends within a minute
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -110,7 +111,9 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
         "--max-seconds", type=float, metavar="S", help="stop after S seconds whatever is pending"
     )
     parser.add_argument(
-        "--demo", action="store_true", help="first send a demo set across the short levels"
+        "--demo",
+        action="store_true",
+        help="send a demo set across the short levels once the engine is running",
     )
     parser.add_argument(
         "--show", type=int, default=20, metavar="N", help="rows per topic shown at the end"
@@ -126,7 +129,7 @@ def config_from_args(args: argparse.Namespace) -> EngineConfig:
 def demo_messages(levels: int) -> list[dict[str, Any]]:
     """A demo set: a few messages on each of the first levels, some not delayed, two timers."""
     messages = []
-    for level in range(0, min(levels, 3) + 1):
+    for level in range(0, min(levels, DEMO_MAX_LEVEL) + 1):
         for i in range(3):
             topic = DEMO_TOPICS[i % 2]
             messages.append(
@@ -223,11 +226,19 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
         f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
         f"({cfg.levels.source}), database {cfg.database}"
     )
-    if args.demo:
+
+    def send_demo() -> None:
         ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
         topics = ", ".join(DEMO_TOPICS)
-        print(f"demo: sent {len(ids)} messages to {topics} on levels 0-3 and 2 timers")
-    final = engine.run(until_idle=args.until_idle, max_seconds=args.max_seconds)
+        print(
+            f"demo: sent {len(ids)} messages to {topics} on levels 0-{DEMO_MAX_LEVEL} and 2 timers"
+        )
+
+    final = engine.run(
+        until_idle=args.until_idle,
+        max_seconds=args.max_seconds,
+        when_warm=send_demo if args.demo else None,
+    )
     if args.show:
         show_topics(spark, cfg, args.show)
     if final.quarantined:

@@ -50,6 +50,7 @@ DELIVER_QUERY = "delayq-deliver"
 ERROR_BACKOFF_S = 10.0  # RocketMQ waits 10 s after a failed delivery attempt
 MAX_FAILED_ROUNDS = 30  # about 5 minutes of failures in a row stops the engine
 IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is pending
+STOP_WAIT_S = 60.0  # longest stop() waits for a delivery round in progress
 
 
 @dataclass(frozen=True)
@@ -164,6 +165,7 @@ class Engine:
         self.stats = DeliveryStats()
         self.queries: list[StreamingQuery] = []
         self._stopping = threading.Event()
+        self._round = threading.Lock()  # held while a delivery round runs
         self._recover()
 
     # ----------------------------------------------------------------- start-up
@@ -249,7 +251,10 @@ class Engine:
         if self._stopping.is_set():
             return
         try:
-            self._deliver()
+            with self._round:
+                if self._stopping.is_set():
+                    return
+                self._deliver()
         except DelayQError as err:
             if not isinstance(err, RetryableError):
                 raise  # terminal: stops the query, and run() reports it
@@ -287,8 +292,13 @@ class Engine:
         self.queries.append(ticker)
 
     def stop(self) -> None:
-        """Stop both queries; an interrupted round is replayed at the next start."""
+        """Stop both queries, letting a delivery round in progress finish first.
+
+        A stamping batch cut short is replayed at the next start (Spark did not commit it).
+        """
         self._stopping.set()
+        if self._round.acquire(timeout=STOP_WAIT_S):  # no new round starts once stopping
+            self._round.release()
         # Stopping interrupts a running foreachBatch: it fails, Spark does not commit that
         # batch, and it runs again at the next start. py4j would log that as an error.
         py4j_log = logging.getLogger("py4j.clientserver")
@@ -303,6 +313,12 @@ class Engine:
         finally:
             py4j_log.setLevel(level)
         self.queries.clear()
+
+    def _wait_until_warm(self, timeout_s: float = 120.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and not all(q.lastProgress for q in self.queries):
+            self._check_queries()
+            time.sleep(0.2)
 
     def _check_queries(self) -> None:
         for query in self.queries:
@@ -324,15 +340,29 @@ class Engine:
             line += f" | errors {self.stats.errors} (last: {self.stats.last_error})"
         return line
 
-    def run(self, until_idle: bool = False, max_seconds: float | None = None) -> Status:
+    def run(
+        self,
+        until_idle: bool = False,
+        max_seconds: float | None = None,
+        when_warm: Callable[[], None] | None = None,
+    ) -> Status:
         """Run until stopped (Ctrl-C), or until nothing is pending with ``until_idle``.
 
         Prints a progress line every ``delivery.progress_interval``.
+
+        Args:
+            until_idle: stop once every message sent is delivered or quarantined.
+            max_seconds: stop after this long whatever is pending.
+            when_warm: called once both streams have finished a first batch (the first
+                batches of a fresh JVM take several seconds), e.g. to send a demo set.
 
         Returns:
             The status when the run ended.
         """
         self.start()
+        if when_warm is not None:
+            self._wait_until_warm()
+            when_warm()
         started = time.monotonic()
         interval = self.cfg.progress_interval_ms / 1000
         next_line = started
@@ -353,7 +383,7 @@ class Engine:
                     break
                 time.sleep(min(0.5, interval))
         except KeyboardInterrupt:
-            self.out("interrupted: stopping cleanly (an unfinished round is replayed on restart)")
+            self.out("interrupted: stopping cleanly (finishing the delivery round in progress)")
         finally:
             self.stop()
         final = self.status()
