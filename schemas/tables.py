@@ -74,19 +74,18 @@ QUARANTINE = StructType(
     )
 )
 
+
+def _message(*names: str) -> list[StructField]:
+    by_name = {f.name: f for f in _MESSAGE}
+    return [by_name[n] for n in names]
+
+
 #: A delivered message in its real topic's table.
 TOPIC = StructType(
-    _fields(
-        ("msg_id", StringType()),
-        ("topic", StringType()),
-        ("keys", ArrayType(StringType(), containsNull=False)),
-        ("tags", StringType()),
-        ("properties", MapType(StringType(), StringType(), valueContainsNull=True)),
-        ("body", BinaryType()),
-        ("delay_level", IntegerType()),
-        ("queue_id", IntegerType()),
-        ("born_ts", TimestampType()),
-        ("store_ts", TimestampType()),
+    _message("msg_id", "topic", "keys", "tags", "properties", "body", "delay_level")
+    + _fields(("queue_id", IntegerType()))
+    + _message("born_ts", "store_ts")
+    + _fields(
         ("deliver_ts", TimestampType()),
         ("delivered_ts", TimestampType()),
         ("delivery_round", LongType()),
