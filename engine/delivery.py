@@ -85,11 +85,6 @@ class Progress:
     stamp_batch: int = -1
     queues: Mapping[int, QueueProgress] = field(default_factory=dict)
 
-    @property
-    def delivered_total(self) -> int:
-        """Rows delivered by every queue so far."""
-        return sum(q.delivered_total for q in self.queues.values())
-
 
 @dataclass(frozen=True)
 class Plan:
