@@ -12,6 +12,8 @@ Examples::
     delayq pending --topic orders          # what waits, soonest first
     delayq forecast --minutes 60           # how many come due per minute
     delayq history --key order-1           # sent, stamped, delivered, with times
+    delayq cancel --id 3F2A...             # or --key order-1 [--topic orders]
+    delayq reschedule --id 3F2A... --delay 2h
     delayq run --until-idle --set levels.delays="1s 2s 3s"
 
 Every command takes ``--conf FILE`` and any number of ``--set key=value`` overrides
@@ -94,6 +96,19 @@ def _parser() -> argparse.ArgumentParser:
     who = hist.add_mutually_exclusive_group(required=True)
     who.add_argument("--id", dest="msg_id", help="message id")
     who.add_argument("--key", help="every message with this key")
+    wait_help = "seconds to wait for the engine's answer (default 30; 0: do not wait)"
+    stop = sub.add_parser("cancel", parents=[common], help="cancel a scheduled message")
+    which = stop.add_mutually_exclusive_group(required=True)
+    which.add_argument("--id", dest="msg_id", help="message id")
+    which.add_argument("--key", help="every pending message with this key")
+    stop.add_argument("--topic", help="with --key: only messages for this topic")
+    stop.add_argument("--wait", type=float, default=30.0, metavar="S", help=wait_help)
+    move = sub.add_parser("reschedule", parents=[common], help="move a message to a new time")
+    move.add_argument("--id", dest="msg_id", required=True, help="message id")
+    to = move.add_mutually_exclusive_group(required=True)
+    to.add_argument("--deliver-at", metavar="TIME", help="new time: ms or ISO-8601 with a zone")
+    to.add_argument("--delay", metavar="DURATION", help="new time from now: 90s, 15m, 2d")
+    move.add_argument("--wait", type=float, default=30.0, metavar="S", help=wait_help)
     sql = sub.add_parser("sql", parents=[common], help="run a SQL query with tables registered")
     sql.add_argument("query", help='e.g. "SELECT * FROM delayq.orders"')
     sql.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
@@ -260,6 +275,7 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     print(f"sent        {status.sent}")
     print(f"to stamp    {status.unstamped}")
     print(f"quarantined {status.quarantined}")
+    print(f"cancelled   {status.cancelled}")
     print(f"watermark   {status.watermark}")
     print(f"{'queue':<16}{'pending':>10}{'delivered':>12}")
     for queue in sorted(set(status.pending) | set(status.delivered)):
@@ -327,6 +343,39 @@ def cmd_history(args: argparse.Namespace, cfg: EngineConfig) -> int:
     return 0
 
 
+def _outcome(result: Any) -> int:
+    print(result.line())
+    for o in result.outcomes:
+        if o.msg_id and o.result in ("cancelled", "rescheduled"):
+            moved = f" -> {o.new_deliver_ts.isoformat()}" if o.new_deliver_ts else ""
+            due = o.deliver_ts.isoformat() if o.deliver_ts else "?"
+            print(f"  {o.result:<12}{o.msg_id}  {o.topic}  due {due}{moved}")
+    if result.status == "pending":
+        print("no engine answered yet: the command stays queued and applies when one runs")
+    return 0 if result.status in ("cancelled", "rescheduled") else 1
+
+
+def cmd_cancel(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq cancel``: exit 0 when something was cancelled, 1 otherwise."""
+    from engine.commands import cancel
+    from engine.session import build_spark
+
+    spark = build_spark(cfg)
+    return _outcome(cancel(spark, cfg, args.msg_id, key=args.key, topic=args.topic, wait=args.wait))
+
+
+def cmd_reschedule(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq reschedule``: exit 0 when the message was moved, 1 otherwise."""
+    from engine.commands import reschedule
+    from engine.session import build_spark
+
+    spark = build_spark(cfg)
+    result = reschedule(
+        spark, cfg, args.msg_id, deliver_at=args.deliver_at, delay=args.delay, wait=args.wait
+    )
+    return _outcome(result)
+
+
 COMMANDS = {
     "send": cmd_send,
     "run": cmd_run,
@@ -336,6 +385,8 @@ COMMANDS = {
     "pending": cmd_pending,
     "forecast": cmd_forecast,
     "history": cmd_history,
+    "cancel": cmd_cancel,
+    "reschedule": cmd_reschedule,
 }
 
 

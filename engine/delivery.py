@@ -37,11 +37,28 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import EPOCH, Clock, from_millis
+from engine.clock import EPOCH, Clock, from_millis, to_millis
+from engine.commands import (
+    REMOVING,
+    RESCHEDULE_QUEUE,
+    Resolution,
+    open_commands,
+    removed_before,
+    rescheduled_rows,
+    resolve,
+    results_frame,
+    targets,
+)
 from engine.config import EngineConfig
 from engine.metrics import ScanMetrics, scan_metrics
 from engine.offsets import OffsetLog
-from engine.tables import Layout, register_table, topic_table_name
+from engine.tables import (
+    Layout,
+    VersionTracker,
+    latest_version,
+    register_table,
+    topic_table_name,
+)
 from engine.views import register_views
 from schemas import TOPIC, column_names
 
@@ -56,12 +73,16 @@ PLANNED = "planned"
 class QueueProgress:
     """One queue's progress: rows stamped and delivered so far, up to which deliver time.
 
-    ``stamped_total - delivered_total`` is what the queue holds, known without a scan.
+    ``stamped_total - delivered_total - cancelled_total`` is what the queue holds, known
+    without a scan (a reschedule counts as a cancel in the old row's queue and a new row
+    stamped in the timer queue; ``rescheduled_total`` counts those new rows).
     """
 
     delivered_total: int = 0
     last_deliver_ts: datetime | None = None
     stamped_total: int = 0
+    cancelled_total: int = 0
+    rescheduled_total: int = 0
 
 
 @dataclass(frozen=True)
@@ -76,6 +97,7 @@ class Progress:
         schedule_version: the ``schedule`` version the last round read.
         stamp_batch: the highest stamping batch the last round saw.
         queues: per-queue progress.
+        commands_version: the ``commands`` version the last round read.
     """
 
     checkpoint_id: str
@@ -84,15 +106,20 @@ class Progress:
     schedule_version: int = -1
     stamp_batch: int = -1
     queues: Mapping[int, QueueProgress] = field(default_factory=dict)
+    commands_version: int = -1
 
 
 @dataclass(frozen=True)
 class Plan:
-    """What round ``round`` delivers: rows due by ``watermark`` in ``schedule_version``."""
+    """What round ``round`` delivers: rows due by ``watermark`` in ``schedule_version``.
+
+    ``commands_version`` pins the cancel/reschedule commands the round applies.
+    """
 
     round: int
     watermark: datetime
     schedule_version: int
+    commands_version: int = -1
 
 
 @dataclass(frozen=True)
@@ -109,6 +136,8 @@ class RoundResult:
         seconds: wall time the round took.
         files_read: ``schedule`` files the round's scan read (after data skipping).
         rows_read: rows those files held (before the row filter).
+        stages: seconds per stage: ``plan`` (versions and commands), ``scan`` (find what
+            is due), ``topics`` (the topic writes), ``commit`` (progress).
     """
 
     round: int
@@ -120,6 +149,7 @@ class RoundResult:
     seconds: float
     files_read: int = 0
     rows_read: int = 0
+    stages: Mapping[str, float] = field(default_factory=dict)
 
 
 def candidate_condition(prev: Progress, plan: Plan) -> Column:
@@ -178,16 +208,28 @@ def read_checkpoint(spark: SparkSession, layout: Layout) -> tuple[Progress, Plan
                     int(r["delivered_total"]),
                     _ts(r["last_deliver_ts"]),
                     int(r.get("stamped_total") or 0),
+                    int(r.get("cancelled_total") or 0),
+                    int(r.get("rescheduled_total") or 0),
                 )
                 for r in rows
                 if r.get("queue_id") is not None
             },
+            commands_version=_int(head.get("commands_version"), -1),
         )
     plan = None
     if plan_rows:
         p = plan_rows[0]
-        plan = Plan(int(p["round"]), _ts(p["watermark"]) or EPOCH, int(p["schedule_version"]))
+        plan = Plan(
+            int(p["round"]),
+            _ts(p["watermark"]) or EPOCH,
+            int(p["schedule_version"]),
+            _int(p.get("commands_version"), progress.commands_version),
+        )
     return progress, plan
+
+
+def _int(value: object, default: int) -> int:
+    return default if value is None else int(str(value))
 
 
 def checkpoint_rows(
@@ -205,7 +247,8 @@ def checkpoint_rows(
                 **common, "status": PLANNED, "queue_id": None, "round": plan.round,
                 "watermark": plan.watermark.isoformat(), "schedule_version": plan.schedule_version,
                 "delivered": 0, "delivered_total": 0, "last_deliver_ts": None,
-                "stamped_total": 0,
+                "stamped_total": 0, "cancelled_total": 0, "rescheduled_total": 0,
+                "commands_version": plan.commands_version,
             }
         ]  # fmt: skip
     return [
@@ -214,7 +257,9 @@ def checkpoint_rows(
             "watermark": progress.watermark.isoformat(),
             "schedule_version": progress.schedule_version,
             "delivered": delivered.get(queue_id, 0), "delivered_total": q.delivered_total,
-            "stamped_total": q.stamped_total,
+            "stamped_total": q.stamped_total, "cancelled_total": q.cancelled_total,
+            "rescheduled_total": q.rescheduled_total,
+            "commands_version": progress.commands_version,
             "last_deliver_ts": q.last_deliver_ts.isoformat() if q.last_deliver_ts else None,
         }
         for queue_id, q in sorted(progress.queues.items())
@@ -238,12 +283,6 @@ def count_stamped(spark: SparkSession, layout: Layout, progress: Progress) -> Pr
             queues.get(r["queue_id"], QueueProgress()), stamped_total=int(r["count"])
         )
     return replace(progress, queues=queues)
-
-
-def latest_version(spark: SparkSession, path: str) -> int:
-    """The latest committed version of a Delta table."""
-    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
-    return int(row[0]) if row else -1
 
 
 # --------------------------------------------------------------------------- the stage
@@ -285,6 +324,17 @@ class Delivery:
             self.progress = count_stamped(spark, layout, self.progress)
         self._last_commit = time.monotonic()
         self._known_topics: set[str] = set()
+        self._stages: dict[str, float] = {}
+        self._lap = 0.0
+        self._schedule = VersionTracker(spark, layout.schedule)
+        self._commands = VersionTracker(spark, layout.commands)
+        self._open_commands = True  # unknown until the first round looks
+        self._any_removed = not (
+            spark.read.format("delta")
+            .load(layout.command_results)
+            .where(F.col("result").isin(*REMOVING))
+            .isEmpty()
+        )
 
     @property
     def app_id(self) -> str:
@@ -304,10 +354,13 @@ class Delivery:
             # A write may have landed even though the call failed (an object store's
             # rename): reload what is durable, so a round number is never used twice.
             self.progress, self.pending = read_checkpoint(self.spark, self.layout)
+            self._open_commands = True
             raise
 
     def _run_round(self) -> RoundResult:
         started = time.monotonic()
+        self._stages = {}
+        self._lap = started
         prev = self.progress
         replayed = self.pending is not None
         now = self.clock.now()
@@ -320,17 +373,23 @@ class Delivery:
         plan = self.pending or Plan(
             round=prev.round + 1,
             watermark=now,
-            schedule_version=latest_version(self.spark, self.layout.schedule),
+            schedule_version=self._schedule.latest(),
+            commands_version=self._commands.latest(),
         )
-        candidates = (
+        resolution = self._resolve_commands(prev, plan)
+        self._time("plan")
+        candidates = self._mark_removed(
             self.spark.read.format("delta")
             .option("versionAsOf", plan.schedule_version)
             .load(self.layout.schedule)
             .where(candidate_condition(prev, plan))
             .withColumn("_due", due_condition(plan))
-            .withColumn("_new", F.col("stamp_batch") > F.lit(prev.stamp_batch))
+            .withColumn("_new", F.col("stamp_batch") > F.lit(prev.stamp_batch)),
+            prev,
+            plan,
+            resolution,
         )
-        grouped = candidates.groupBy("topic", "queue_id", "_due", "_new").agg(
+        grouped = candidates.groupBy("topic", "queue_id", "_due", "_new", "_removed").agg(
             F.count(F.lit(1)).alias("n"),
             F.max("stamp_batch").alias("max_batch"),
             # as epoch ms: a timestamp Python cannot hold must not stop delivery
@@ -338,24 +397,117 @@ class Delivery:
         )
         summary = grouped.collect()
         scanned = scan_metrics(grouped)
+        self._time("scan")
         high_batch = max([prev.stamp_batch, *(r["max_batch"] for r in summary)])
-        due = [r for r in summary if r["_due"]]
-        if not due and not replayed:
+        due = [r for r in summary if r["_due"] and not r["_removed"]]
+        decided = resolution is not None and bool(resolution.results)
+        if not due and not decided and not replayed:
             flush_due = (time.monotonic() - self._last_commit) * 1000 >= (
                 self.cfg.checkpoint_flush_ms
             )
             if high_batch == prev.stamp_batch and not flush_due:
                 return self._result(prev.round, plan, {}, False, False, started, scanned)
-        if due and not replayed:
+        if (due or decided) and not replayed:
             self.offsets.write(
                 plan.round, checkpoint_rows(prev, plan, {}, self.clock.now()), planned=True
             )
             self.pending = plan
-        per_topic = self._write_topics(candidates.where("_due"), due, plan)
+        if resolution is not None and decided:
+            self._apply_commands(resolution, plan, high_batch)
+            self._time("commands")
+        per_topic = self._write_topics(candidates.where("_due AND NOT _removed"), due, plan)
+        self._time("topics")
         if self.after_topic_writes is not None:
             self.after_topic_writes(plan)
-        self._commit(prev, plan, summary, high_batch)
+        self._commit(prev, plan, summary, high_batch, resolution)
+        self._time("commit")
         return self._result(plan.round, plan, per_topic, True, replayed, started, scanned)
+
+    # ------------------------------------------------------------- cancel / reschedule
+
+    def _resolve_commands(self, prev: Progress, plan: Plan) -> Resolution | None:
+        """Decide the open commands from the round's snapshots (``None``: there are none)."""
+        new = plan.commands_version > prev.commands_version
+        if plan.commands_version < 0 or not (new or self._open_commands or self.pending):
+            return None  # (a plan written before commands existed pins no version)
+        commands = open_commands(self.spark, self.layout, plan.commands_version, plan.round)
+        if not commands:
+            self._open_commands = False
+            return None
+        rows = targets(self.spark, self.layout, plan.schedule_version, commands)
+        removed: set[tuple[str, int]] = set()
+        if rows:
+            earlier = removed_before(self.spark, self.layout, plan.round, {r.msg_id for r in rows})
+            removed = {(r["msg_id"], int(r["revision"])) for r in earlier.collect()}
+        resolution = resolve(
+            commands,
+            rows,
+            removed,
+            (to_millis(prev.watermark), prev.stamp_batch),
+            plan.round,
+            to_millis(plan.watermark),
+            self.cfg.find_timeout_ms,
+            self.clock.now(),
+        )
+        self._open_commands = resolution.waiting > 0
+        return resolution
+
+    def _mark_removed(
+        self, candidates: DataFrame, prev: Progress, plan: Plan, resolution: Resolution | None
+    ) -> DataFrame:
+        """Flag (``_removed``) candidates that a cancel or reschedule took out of delivery."""
+        now_removed = resolution.removed if resolution else []
+        if not now_removed and not self._any_removed:
+            return candidates.withColumn("_removed", F.lit(False))
+        # Rows removed earlier and due at or before the last watermark were never delivered
+        # and are no longer candidates: only later ones can meet this round's candidates.
+        marks = removed_before(self.spark, self.layout, plan.round, after=prev.watermark)
+        if now_removed:
+            marks = marks.unionByName(
+                self.spark.createDataFrame(now_removed, "msg_id string, revision int")
+            )
+        marks = marks.distinct().select(
+            F.col("msg_id").alias("_rm_id"),
+            F.col("revision").alias("_rm_rev"),
+            F.lit(True).alias("_removed"),
+        )
+        match = (F.col("msg_id") == F.col("_rm_id")) & (
+            F.coalesce(F.col("revision"), F.lit(0)) == F.col("_rm_rev")
+        )
+        return (
+            candidates.join(F.broadcast(marks), match, "left")
+            .withColumn("_removed", F.coalesce(F.col("_removed"), F.lit(False)))
+            .drop("_rm_id", "_rm_rev")
+        )
+
+    def _apply_commands(self, resolution: Resolution, plan: Plan, high_batch: int) -> None:
+        """Write a round's command outcomes and rescheduled rows (idempotent per round)."""
+        (
+            results_frame(self.spark, resolution.results)
+            .write.format("delta")
+            .mode("append")
+            .option("txnAppId", f"delayq-commands-{self.progress.checkpoint_id}")
+            .option("txnVersion", plan.round)
+            .save(self.layout.command_results)
+        )
+        if resolution.removed:
+            self._any_removed = True
+        if resolution.new_rows:
+            (
+                rescheduled_rows(
+                    self.spark,
+                    self.layout,
+                    plan.schedule_version,
+                    resolution.new_rows,
+                    high_batch,
+                    self.clock.now(),
+                )
+                .write.format("delta")
+                .mode("append")
+                .option("txnAppId", f"delayq-reschedule-{self.progress.checkpoint_id}")
+                .option("txnVersion", plan.round)
+                .save(self.layout.schedule)
+            )
 
     def _write_topics(self, due_rows: DataFrame, due: list, plan: Plan) -> dict[str, int]:  # type: ignore[type-arg]
         # Keyed by table: topics differing only in case share one table, and a second write
@@ -374,6 +526,7 @@ class Delivery:
                 .mode("append")
                 .option("txnAppId", self.app_id)
                 .option("txnVersion", plan.round)
+                .option("userMetadata", f"delayq round {plan.round}")
                 .save(self.layout.topic(name))
             )
 
@@ -386,7 +539,14 @@ class Delivery:
                 self._known_topics.add(name)
         return per_table
 
-    def _commit(self, prev: Progress, plan: Plan, summary: list, high_batch: int) -> None:  # type: ignore[type-arg]
+    def _commit(
+        self,
+        prev: Progress,
+        plan: Plan,
+        summary: list,  # type: ignore[type-arg]
+        high_batch: int,
+        resolution: Resolution | None,
+    ) -> None:
         queues = dict(prev.queues)
         for level in range(self.cfg.levels.max_level + 1):
             queues.setdefault(level, QueueProgress())
@@ -394,14 +554,29 @@ class Delivery:
         for r in summary:
             q = queues.get(r["queue_id"], QueueProgress())
             stamped = q.stamped_total + (r["n"] if r["_new"] else 0)
-            if not r["_due"]:
+            if not r["_due"] or r["_removed"]:
                 queues[r["queue_id"]] = replace(q, stamped_total=stamped)
                 continue
             last = _from_ms(r["max_deliver_ms"]) or q.last_deliver_ts
             if last and q.last_deliver_ts:
                 last = max(last, q.last_deliver_ts)
-            queues[r["queue_id"]] = QueueProgress(q.delivered_total + r["n"], last, stamped)
+            queues[r["queue_id"]] = replace(
+                q, delivered_total=q.delivered_total + r["n"], last_deliver_ts=last,
+                stamped_total=stamped,
+            )  # fmt: skip
             delivered[r["queue_id"]] = delivered.get(r["queue_id"], 0) + r["n"]
+        if resolution is not None:
+            for queue_id, n in resolution.removed_per_queue.items():
+                q = queues.get(queue_id, QueueProgress())
+                queues[queue_id] = replace(q, cancelled_total=q.cancelled_total + n)
+            if resolution.new_rows:
+                q = queues.get(RESCHEDULE_QUEUE, QueueProgress())
+                added = len(resolution.new_rows)
+                queues[RESCHEDULE_QUEUE] = replace(
+                    q,
+                    stamped_total=q.stamped_total + added,
+                    rescheduled_total=q.rescheduled_total + added,
+                )
         progress = replace(
             prev,
             round=plan.round,
@@ -409,6 +584,7 @@ class Delivery:
             schedule_version=plan.schedule_version,
             stamp_batch=high_batch,
             queues=queues,
+            commands_version=plan.commands_version,
         )
         self.offsets.write(plan.round, checkpoint_rows(progress, None, delivered, self.clock.now()))
         self.progress, self.pending = progress, None
@@ -418,6 +594,11 @@ class Delivery:
         if plan.round % 100 == 0:
             self.offsets.purge(plan.round - RETAIN_ROUNDS)
         self._last_commit = time.monotonic()
+
+    def _time(self, stage: str) -> None:
+        now = time.monotonic()
+        self._stages[stage] = now - self._lap
+        self._lap = now
 
     def _result(
         self,
@@ -439,6 +620,7 @@ class Delivery:
             seconds=time.monotonic() - started,
             files_read=scanned.files,
             rows_read=scanned.rows,
+            stages=dict(self._stages),
         )
 
 

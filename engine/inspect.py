@@ -1,7 +1,8 @@
 """What is scheduled, what comes due, and what happened to a message.
 
-Everything here reads; nothing writes. "Pending" means stamped and not yet delivered by
-the committed progress: ``deliver_ts > watermark OR stamp_batch > stamp high mark``.
+Everything here reads; nothing writes. "Pending" means stamped, not yet delivered by
+the committed progress (``deliver_ts > watermark OR stamp_batch > stamp high mark``), and
+not cancelled or moved by a command (see ``engine.commands``).
 Messages sent but not yet stamped are in ``commitlog`` only (``Status.unstamped``).
 
 Example:
@@ -17,6 +18,7 @@ from datetime import datetime, timedelta
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from engine.commands import REMOVING, RESCHEDULED
 from engine.config import EngineConfig
 from engine.delivery import Progress, read_checkpoint
 from engine.errors import DelayQError
@@ -24,18 +26,24 @@ from engine.tables import layout, list_topics
 
 
 def pending(spark: SparkSession, cfg: EngineConfig, progress: Progress | None = None) -> DataFrame:
-    """``schedule`` rows not yet delivered (same columns as ``schedule``)."""
+    """``schedule`` rows not yet delivered nor cancelled (same columns as ``schedule``)."""
     lay = layout(cfg)
     if progress is None:
         progress, _ = read_checkpoint(spark, lay)
-    return (
+    removed = (
         spark.read.format("delta")
-        .load(lay.schedule)
-        .where(
-            (F.col("deliver_ts") > F.lit(progress.watermark))
-            | (F.col("stamp_batch") > F.lit(progress.stamp_batch))
-        )
+        .load(lay.command_results)
+        .where(F.col("result").isin(*REMOVING))
+        .select(F.col("msg_id").alias("_rm_id"), F.col("revision").alias("_rm_rev"))
     )
+    rows = spark.read.format("delta").load(lay.schedule)
+    match = (F.col("msg_id") == F.col("_rm_id")) & (
+        F.coalesce(F.col("revision"), F.lit(0)) == F.col("_rm_rev")
+    )
+    return rows.where(
+        (F.col("deliver_ts") > F.lit(progress.watermark))
+        | (F.col("stamp_batch") > F.lit(progress.stamp_batch))
+    ).join(F.broadcast(removed), match, "left_anti")
 
 
 def forecast(spark: SparkSession, cfg: EngineConfig, now: datetime, minutes: int = 60) -> DataFrame:
@@ -58,7 +66,9 @@ def history(
     """Every event of a message (or of all messages with a key), in time order.
 
     Events: ``sent`` (stored in ``commitlog``), ``stamped`` (with its queue and deliver
-    time), ``quarantined`` (with the reason) and ``delivered`` (with the topic table).
+    time; a reschedule's new row shows as ``stamped`` with its revision), ``quarantined``
+    (with the reason), what a command decided (``cancelled``, ``rescheduled``,
+    ``already_delivered``, ...) and ``delivered`` (with the topic table).
 
     Raises:
         DelayQError: when neither or both of ``msg_id`` and ``key`` are given.
@@ -72,36 +82,48 @@ def history(
     )
     lay = layout(cfg)
 
-    def events(path: str, event: str, at: str, detail: Column) -> DataFrame:
+    # Events at the same instant keep their logical order: sent, then per revision
+    # stamped before what a command decided about it, delivered last.
+    revision = 2 * F.coalesce(F.col("revision"), F.lit(0))
+
+    def events(
+        path: str, event: Column, at: str, detail: Column, seq: Column, where: Column = match
+    ) -> DataFrame:
         return (
             spark.read.format("delta")
             .load(path)
-            .where(match)
+            .where(where)
             .select(
                 "msg_id",
-                F.lit(event).alias("event"),
+                event.alias("event"),
                 F.col(at).alias("at"),
                 "topic",
                 detail.cast("string").alias("detail"),
+                seq.alias("_seq"),
             )
         )
 
     parts = [
-        events(lay.commitlog, "sent", "store_ts", _asked()),
-        events(lay.schedule, "stamped", "stamped_ts", _stamped()),
-        events(lay.quarantine, "quarantined", "quarantined_ts", F.col("reason")),
+        events(lay.commitlog, F.lit("sent"), "store_ts", _asked(), F.lit(0)),
+        events(lay.schedule, F.lit("stamped"), "stamped_ts", _stamped(), 1 + revision),
+        events(lay.quarantine, F.lit("quarantined"), "quarantined_ts", F.col("reason"), F.lit(1)),
     ]
+    ids = sorted({r["msg_id"] for r in parts[0].select("msg_id").collect() if r["msg_id"]})
+    by_id = F.col("msg_id").isin(ids)
+    parts.append(
+        events(lay.command_results, F.col("result"), "decided_ts", _decided(), 2 + revision, by_id)
+    )
     topics = {
         r["topic"].lower() for r in parts[0].select("topic").distinct().collect() if r["topic"]
     }
     for name in sorted(topics & set(list_topics(spark, cfg))):
         detail = F.concat(F.lit(f"{cfg.database}.{name}, round "), F.col("delivery_round"))
-        parts.append(events(lay.topic(name), "delivered", "delivered_ts", detail))
+        delivered = events(lay.topic(name), F.lit("delivered"), "delivered_ts", detail, F.lit(1e9))
+        parts.append(delivered)
     result = parts[0]
     for part in parts[1:]:
         result = result.unionByName(part)
-    order = F.when(F.col("event") == "sent", 0).when(F.col("event") == "delivered", 2).otherwise(1)
-    return result.orderBy("msg_id", "at", order)
+    return result.orderBy("msg_id", "at", "_seq").drop("_seq")
 
 
 def _asked() -> Column:
@@ -113,4 +135,19 @@ def _asked() -> Column:
 
 
 def _stamped() -> Column:
-    return F.concat(F.lit("queue "), F.col("queue_id"), F.lit(", due "), F.col("deliver_ts"))
+    text = F.concat(F.lit("queue "), F.col("queue_id"), F.lit(", due "), F.col("deliver_ts"))
+    revision = F.coalesce(F.col("revision"), F.lit(0))
+    return F.when(revision > 0, F.concat(text, F.lit(", revision "), revision)).otherwise(text)
+
+
+def _decided() -> Column:
+    command = F.concat(F.lit("command "), F.col("command_id"), F.lit(", round "), F.col("round"))
+    moved = F.concat(
+        F.lit("to "), F.col("new_deliver_ts"), F.lit(" (revision "), F.col("new_revision"),
+        F.lit("), "), command,
+    )  # fmt: skip
+    return (
+        F.when(F.col("result") == RESCHEDULED, moved)
+        .when(F.col("detail").isNotNull(), F.concat(F.col("detail"), F.lit(", "), command))
+        .otherwise(command)
+    )

@@ -74,20 +74,33 @@ def resolve_deliver_at(message: Message, cfg: EngineConfig, store_ts: datetime) 
         given.append("delay_level")
     if len(given) > 1:
         raise InvalidMessageError(given[1], getattr(message, given[1]), f"give only one of {given}")
+    return deliver_time(message.deliver_at, message.delay, cfg, store_ts)
+
+
+def deliver_time(
+    deliver_at: datetime | int | str | None,
+    delay: timedelta | str | None,
+    cfg: EngineConfig,
+    now: datetime,
+) -> datetime | None:
+    """An absolute deliver time from ``deliver_at`` or ``delay`` (after ``now``), or ``None``.
+
+    Raises:
+        InvalidMessageError: when the time does not parse, or lies more than
+            ``messages.max_delay`` after ``now``.
+    """
     when: datetime | None = None
-    if message.deliver_at is not None:
-        when = _absolute(message.deliver_at)
-    elif message.delay is not None:
-        when = store_ts + _relative(message.delay)
+    if deliver_at is not None:
+        when = _absolute(deliver_at)
+    elif delay is not None:
+        when = now + _relative(delay)
     if when is None:
         return None
     when = truncate_ms(when)
-    if when - store_ts > timedelta(milliseconds=cfg.max_delay_ms):
-        field = "deliver_at" if message.deliver_at is not None else "delay"
+    if when - now > timedelta(milliseconds=cfg.max_delay_ms):
+        field, value = ("deliver_at", deliver_at) if deliver_at is not None else ("delay", delay)
         raise InvalidMessageError(
-            field,
-            getattr(message, field),
-            f"more than messages.max_delay={cfg.max_delay_ms // 1000}s ahead",
+            field, value, f"more than messages.max_delay={cfg.max_delay_ms // 1000}s ahead"
         )
     return when
 

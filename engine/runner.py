@@ -17,8 +17,9 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
@@ -64,6 +65,7 @@ class Status:
         delivered: per queue, rows delivered so far.
         quarantined: rows refused, with a reason in ``quarantine``.
         watermark: the committed delivery watermark.
+        cancelled: rows cancelled (a reschedule cancels the old row and adds a new one).
     """
 
     sent: int
@@ -72,6 +74,7 @@ class Status:
     delivered: dict[int, int]
     quarantined: int
     watermark: str
+    cancelled: int = 0
 
     @property
     def pending_total(self) -> int:
@@ -80,15 +83,17 @@ class Status:
 
     @property
     def idle(self) -> bool:
-        """Nothing waits: every sent row is delivered or quarantined."""
+        """Nothing waits: every sent row is delivered, cancelled or quarantined."""
         return self.unstamped == 0 and self.pending_total == 0
 
     def line(self, label: Callable[[int], str]) -> str:
         """One progress line, e.g. ``pending L1 (1s)=3 | delivered 12 | quarantined 0``."""
         waiting = " ".join(f"{label(q)}={n}" for q, n in sorted(self.pending.items()) if n)
+        cancelled = f" | cancelled {self.cancelled}" if self.cancelled else ""
         return (
             f"sent {self.sent} | to stamp {self.unstamped} | pending {waiting or 'none'}"
-            f" | delivered {sum(self.delivered.values())} | quarantined {self.quarantined}"
+            f" | delivered {sum(self.delivered.values())}{cancelled}"
+            f" | quarantined {self.quarantined}"
         )
 
 
@@ -105,25 +110,38 @@ def read_status(
         progress, _ = read_checkpoint(spark, layout)
     # Counted by the delivery rounds and kept in the checkpoint: no scan of `schedule`,
     # whose size grows with the backlog. Rows stamped since the last round show as unstamped.
-    stamped = {q: p.stamped_total for q, p in progress.queues.items() if p.stamped_total}
-    delivered = {q: p.delivered_total for q, p in progress.queues.items() if p.delivered_total}
-    pending = {q: n - delivered.get(q, 0) for q, n in stamped.items()}
+    queues = progress.queues.items()
+    pending = {
+        q: p.stamped_total - p.delivered_total - p.cancelled_total
+        for q, p in queues
+        if p.stamped_total
+    }
+    delivered = {q: p.delivered_total for q, p in queues if p.delivered_total}
+    # Rows a reschedule added to `schedule` were not sent: they do not count as stamped sends.
+    stamped_sends = sum(p.stamped_total - p.rescheduled_total for _, p in queues)
+    rescheduled = sum(p.rescheduled_total for _, p in queues)
     sent = _count(spark, layout.commitlog)
     quarantined = _count(spark, layout.quarantine)
     return Status(
         sent=sent,
-        unstamped=max(sent - sum(stamped.values()) - quarantined, 0),
+        unstamped=max(sent - stamped_sends - quarantined, 0),
         pending=pending,
         delivered=delivered,
         quarantined=quarantined,
         watermark=progress.watermark.isoformat(timespec="milliseconds"),
+        cancelled=sum(p.cancelled_total for _, p in queues) - rescheduled,
     )
 
 
 @dataclass
 class DeliveryStats:
-    """Running totals of the delivery stage since the process started."""
+    """Running totals of the delivery stage since the process started.
 
+    ``recent`` keeps the last rounds' results (timings, rows and files read) for
+    monitoring and the benchmark.
+    """
+
+    recent: deque[RoundResult] = field(default_factory=lambda: deque(maxlen=10_000))
     rounds: int = 0
     delivered: int = 0
     errors: int = 0
@@ -227,6 +245,7 @@ class Engine:
         result = self.delivery.run_round()
         self.stats.failing = 0
         self.stats.rounds += 1
+        self.stats.recent.append(result)
         self.stats.delivered += result.delivered
         if result.delivered:
             self.stats.last_round_seconds = result.seconds
@@ -314,13 +333,15 @@ class Engine:
             py4j_log.setLevel(level)
         self.queries.clear()
 
-    def _wait_until_warm(self, timeout_s: float = 120.0) -> None:
+    def wait_until_warm(self, timeout_s: float = 120.0) -> None:
+        """Wait until both streams have finished a first batch (slow in a fresh JVM)."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not all(q.lastProgress for q in self.queries):
-            self._check_queries()
+            self.check_queries()
             time.sleep(0.2)
 
-    def _check_queries(self) -> None:
+    def check_queries(self) -> None:
+        """Raise if a stream has stopped with an error."""
         for query in self.queries:
             if not query.isActive and query.exception() is not None:
                 raise RuntimeError(f"{query.name} stopped: {query.exception()}")
@@ -361,7 +382,7 @@ class Engine:
         """
         self.start()
         if when_warm is not None:
-            self._wait_until_warm()
+            self.wait_until_warm()
             when_warm()
         started = time.monotonic()
         interval = self.cfg.progress_interval_ms / 1000
@@ -369,7 +390,7 @@ class Engine:
         next_idle_check = started
         try:
             while True:
-                self._check_queries()
+                self.check_queries()
                 now = time.monotonic()
                 if now >= next_line:
                     self.out(f"[{self.clock.now():%H:%M:%S}] {self.progress_line()}")

@@ -72,6 +72,7 @@ def stamp(
         deliver.alias("deliver_ts"),
         F.lit(batch_id).cast("long").alias("stamp_batch"),
         F.lit(now).alias("stamped_ts"),
+        F.lit(0).alias("revision"),
     )
     quarantined = checked.where(F.col("reason").isNotNull()).select(
         *message,

@@ -6,6 +6,8 @@ Layout under the lakehouse root::
     schedule/           stamped messages, partitioned by queue_id
     quarantine/         messages refused by the engine, with the reason
     delay_offset/       the delivery checkpoint (per-queue progress)
+    commands/           cancel and reschedule commands from users
+    command_results/    what each command did
     topics/<topic>/     one table per real topic
     _checkpoints/       Spark streaming checkpoints
 
@@ -28,14 +30,16 @@ from engine.config import EngineConfig
 from engine.errors import InvalidMessageError, SetupError
 from engine.fs import hadoop_path, jvm
 from engine.views import register_views
-from schemas import COMMITLOG, QUARANTINE, SCHEDULE
+from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, QUARANTINE, SCHEDULE
 
 #: Topic names: a SQL identifier, so that the topic's table can be named in SQL.
 TOPIC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 _TOPIC = re.compile(TOPIC_PATTERN)
 #: The engine's own tables share the database; topics may not take their names.
-RESERVED_TOPICS = frozenset({"commitlog", "schedule", "quarantine", "delay_offset"})
-_ENGINE_TABLES = ("commitlog", "schedule", "quarantine")
+_ENGINE_TABLES = ("commitlog", "schedule", "quarantine", "commands", "command_results")
+#: (Spark application, lakehouse) pairs whose tables are known to exist and be current.
+_ENSURED: set[tuple[str, str]] = set()
+RESERVED_TOPICS = frozenset({*_ENGINE_TABLES, "delay_offset", "pending", "due_forecast"})
 
 
 @dataclass(frozen=True)
@@ -63,6 +67,16 @@ class Layout:
     def delay_offset(self) -> str:
         """Path of the delivery checkpoint table."""
         return f"{self.root}/delay_offset"
+
+    @property
+    def commands(self) -> str:
+        """Path of the ``commands`` table (cancel / reschedule)."""
+        return f"{self.root}/commands"
+
+    @property
+    def command_results(self) -> str:
+        """Path of the ``command_results`` table."""
+        return f"{self.root}/command_results"
 
     @property
     def topics(self) -> str:
@@ -151,10 +165,42 @@ def ensure_tables(spark: SparkSession, cfg: EngineConfig, migrate: bool = True) 
             at start); if false, such a table raises :class:`~engine.errors.SetupError`.
     """
     lay = layout(cfg)
+    ensured = (spark.sparkContext.applicationId, lay.root)
+    if ensured in _ENSURED:
+        return lay  # this application has checked (and created) them already
     _create(spark, lay.commitlog, COMMITLOG, None, migrate)
     _create(spark, lay.schedule, SCHEDULE, "queue_id", migrate)
     _create(spark, lay.quarantine, QUARANTINE, None, migrate)
+    _create(spark, lay.commands, COMMANDS, None, migrate)
+    _create(spark, lay.command_results, COMMAND_RESULTS, None, migrate)
+    _ENSURED.add(ensured)
     return lay
+
+
+def latest_version(spark: SparkSession, path: str) -> int:
+    """The latest committed version of a Delta table (asks Delta: a few hundred ms)."""
+    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
+    return int(row[0]) if row else -1
+
+
+class VersionTracker:
+    """Follows the latest version of a Delta table cheaply.
+
+    Asks Delta once, then looks for the next commit files (``_delta_log/<v+1>.json``):
+    versions are consecutive, so a few ``exists`` calls (about a millisecond each on a
+    local disk) replace a history query per round.
+    """
+
+    def __init__(self, spark: SparkSession, path: str) -> None:
+        self._log, self._fs = hadoop_path(spark, f"{path}/_delta_log")
+        self._path = jvm(spark).org.apache.hadoop.fs.Path
+        self.version = latest_version(spark, path)
+
+    def latest(self) -> int:
+        """The latest version now."""
+        while self._fs.exists(self._path(self._log, f"{self.version + 1:020d}.json")):
+            self.version += 1
+        return self.version
 
 
 def list_files(spark: SparkSession, folder: str, suffix: str = "") -> list[str]:

@@ -37,8 +37,11 @@ def views_sql(database: str) -> list[str]:
     return [
         f"CREATE OR REPLACE VIEW {db}.pending AS SELECT s.* FROM {db}.schedule s "
         f"LEFT JOIN ({latest}) c ON true "
-        "WHERE s.deliver_ts > coalesce(c.watermark, TIMESTAMP'1970-01-01 00:00:00') "
-        "OR s.stamp_batch > coalesce(c.stamp_batch, -1)",
+        "WHERE (s.deliver_ts > coalesce(c.watermark, TIMESTAMP'1970-01-01 00:00:00') "
+        "OR s.stamp_batch > coalesce(c.stamp_batch, -1)) "
+        f"AND NOT EXISTS (SELECT 1 FROM {db}.command_results r WHERE r.msg_id = s.msg_id "
+        "AND r.revision = coalesce(s.revision, 0) "
+        "AND r.result IN ('cancelled', 'rescheduled'))",
         f"CREATE OR REPLACE VIEW {db}.due_forecast AS "
         "SELECT date_trunc('MINUTE', greatest(deliver_ts, current_timestamp())) AS minute, "
         f"count(*) AS due FROM {db}.pending "

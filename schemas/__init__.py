@@ -1,6 +1,8 @@
 """Table schemas, defined once and used by writers, readers and tests alike."""
 
 from schemas.tables import (
+    COMMAND_RESULTS,
+    COMMANDS,
     COMMITLOG,
     DELAY_OFFSET,
     QUARANTINE,
@@ -9,4 +11,13 @@ from schemas.tables import (
     column_names,
 )
 
-__all__ = ["COMMITLOG", "DELAY_OFFSET", "QUARANTINE", "SCHEDULE", "TOPIC", "column_names"]
+__all__ = [
+    "COMMANDS",
+    "COMMAND_RESULTS",
+    "COMMITLOG",
+    "DELAY_OFFSET",
+    "QUARANTINE",
+    "SCHEDULE",
+    "TOPIC",
+    "column_names",
+]

@@ -10,6 +10,8 @@ to read it and quarantine it with a reason instead of failing.
 | ``schedule``   | stamped message waiting for (or past) delivery | ``queue_id``  |
 | ``quarantine`` | message the engine refused, with the reason   |                |
 | ``topics/<t>`` | message delivered to topic ``t``              |                |
+| ``commands``   | cancel or reschedule asked by a user          |                |
+| ``command_results`` | outcome of a command for one message     |                |
 
 ``DELAY_OFFSET`` is the row shape of the delivery checkpoint, a log of JSON files (see
 ``engine.offsets``) that SQL reads as the view ``<database>.delay_offset``.
@@ -54,7 +56,9 @@ COMMITLOG = StructType(_MESSAGE)
 #: A stamped message: ``queue_id`` is the clamped level (0 = not delayed, -1 = a timer
 #: message) and ``deliver_ts`` = ``store_ts`` + the level's delay (RocketMQ's tagsCode),
 #: or ``deliver_at`` for a timer message.
-#: ``stamp_batch`` is the stamping micro-batch that wrote the row.
+#: ``stamp_batch`` is the stamping micro-batch that wrote the row. ``revision`` is 0 for a
+#: stamped row and n for the row written by a message's n-th reschedule (null in rows
+#: stamped before rescheduling existed: read it as 0). ``(msg_id, revision)`` names a row.
 SCHEDULE = StructType(
     _MESSAGE
     + _fields(
@@ -62,6 +66,7 @@ SCHEDULE = StructType(
         ("deliver_ts", TimestampType()),
         ("stamp_batch", LongType()),
         ("stamped_ts", TimestampType()),
+        ("revision", IntegerType()),
     )
 )
 
@@ -92,6 +97,46 @@ TOPIC = StructType(
     )
 )
 
+#: A command, appended by a client and applied by the delivery stage. ``action`` is
+#: ``cancel`` (by ``msg_id``, or every pending message with ``key``, optionally only in
+#: ``topic``) or ``reschedule`` (``msg_id`` to ``deliver_at``).
+COMMANDS = StructType(
+    _fields(
+        ("command_id", StringType()),
+        ("action", StringType()),
+        ("msg_id", StringType()),
+        ("key", StringType()),
+        ("topic", StringType()),
+        ("deliver_at", TimestampType()),
+        ("issued_ts", TimestampType()),
+        ("issued_by", StringType()),
+    )
+)
+
+#: What a command did, one row per message row it touched (or one row saying why it
+#: touched none). ``result`` is ``cancelled``, ``rescheduled``, ``already_delivered``,
+#: ``already_cancelled`` or ``not_found``. A ``cancelled``/``rescheduled`` row names the
+#: ``schedule`` row ``(msg_id, revision)`` that will not be delivered; a reschedule's new
+#: row is ``(msg_id, new_revision)``, due at ``new_deliver_ts``. ``round`` is the delivery
+#: round that decided it.
+COMMAND_RESULTS = StructType(
+    _fields(
+        ("command_id", StringType()),
+        ("action", StringType()),
+        ("result", StringType()),
+        ("msg_id", StringType()),
+        ("revision", IntegerType()),
+        ("topic", StringType()),
+        ("queue_id", IntegerType()),
+        ("deliver_ts", TimestampType()),
+        ("new_revision", IntegerType()),
+        ("new_deliver_ts", TimestampType()),
+        ("detail", StringType()),
+        ("round", LongType()),
+        ("decided_ts", TimestampType()),
+    )
+)
+
 #: The delayOffset checkpoint: one ``committed`` row per queue holding that queue's
 #: progress, plus at most one ``planned`` row (``queue_id`` null) for a round whose topic
 #: writes may have started. ``watermark``/``schedule_version``/``stamp_batch`` fix which
@@ -110,6 +155,9 @@ DELAY_OFFSET = StructType(
         ("last_deliver_ts", TimestampType()),
         ("updated_ts", TimestampType()),
         ("stamped_total", LongType()),
+        ("cancelled_total", LongType()),
+        ("rescheduled_total", LongType()),
+        ("commands_version", LongType()),
     )
 )
 

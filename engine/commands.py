@@ -1,0 +1,582 @@
+"""Cancel and reschedule scheduled messages.
+
+A client appends a command to ``commands`` (:func:`cancel`, :func:`reschedule`) and waits
+for its outcome in ``command_results``. The delivery stage, the only writer of progress,
+applies commands inside a round, from the same pinned ``schedule`` snapshot it delivers
+from. So a cancel and a delivery of one message are decided in one place, once:
+
+* the message's row is still pending: ``cancelled`` (or ``rescheduled``). The round writes
+  the outcome *before* its topic writes and leaves the row out of them, and every later
+  round leaves it out too;
+* the row was delivered by an earlier round: ``already_delivered``. Nothing changes;
+* the message is not stamped yet: a command by id waits (``commands.find_timeout``), then
+  answers ``not_found``. A command by key applies to what is stamped when it runs.
+
+A reschedule keeps the message id. It records the old row as ``rescheduled`` and appends a
+copy to ``schedule`` with ``revision + 1``, queue -1 (timer) and the new deliver time (a time
+already past is due in the next round). Nothing is deleted anywhere: ``commands``,
+``command_results`` and every revision in ``schedule`` form the audit trail.
+
+Each round's writes are idempotent (``txnAppId``/``txnVersion = round``) and a replayed
+round recomputes the same outcomes from the same snapshots, so a crash never applies a
+command twice.
+
+Example:
+    >>> cancel(spark, cfg, msg_id).status                         # doctest: +SKIP
+    'cancelled'
+    >>> reschedule(spark, cfg, msg_id, delay="2h").status         # doctest: +SKIP
+    'rescheduled'
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import time
+import uuid
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from engine.clock import Clock, SystemClock, from_millis
+from engine.config import EngineConfig
+from engine.errors import InvalidMessageError
+from engine.producer import deliver_time
+from engine.tables import Layout, check_topic, ensure_tables
+from schemas import COMMAND_RESULTS, COMMANDS, column_names
+
+CANCEL = "cancel"
+RESCHEDULE = "reschedule"
+CANCELLED = "cancelled"
+RESCHEDULED = "rescheduled"
+ALREADY_DELIVERED = "already_delivered"
+ALREADY_CANCELLED = "already_cancelled"
+NOT_FOUND = "not_found"
+#: No engine has answered yet (it is not running, or the wait was too short).
+PENDING = "pending"
+#: Outcomes that take a ``schedule`` row out of delivery.
+REMOVING = (CANCELLED, RESCHEDULED)
+#: The queue of rescheduled rows (they have an absolute deliver time, like timers).
+RESCHEDULE_QUEUE = -1
+DEFAULT_WAIT_S = 30.0
+
+
+# --------------------------------------------------------------------------- client side
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command did to one message row."""
+
+    result: str
+    msg_id: str | None
+    topic: str | None = None
+    deliver_ts: datetime | None = None
+    new_deliver_ts: datetime | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The answer to a command.
+
+    Attributes:
+        command_id: the command's id in ``commands``/``command_results``.
+        action: ``cancel`` or ``reschedule``.
+        status: ``cancelled`` or ``rescheduled`` when any message was, else the one outcome
+            (``already_delivered``, ``already_cancelled``, ``not_found``), or ``pending``
+            when no engine answered within the wait (the command stays queued).
+        outcomes: one per message row touched.
+    """
+
+    command_id: str
+    action: str
+    status: str
+    outcomes: tuple[Outcome, ...] = field(default_factory=tuple)
+
+    @property
+    def count(self) -> int:
+        """Messages cancelled or rescheduled."""
+        return sum(o.result in REMOVING for o in self.outcomes)
+
+    def line(self) -> str:
+        """A one-line summary, e.g. ``cancelled 3 message(s) (command 9F...)``."""
+        if self.status in REMOVING:
+            text = f"{self.status} {self.count} message(s)"
+        else:
+            details = sorted({o.detail for o in self.outcomes if o.detail})
+            text = self.status + (f": {'; '.join(details)}" if details else "")
+        return f"{text} (command {self.command_id})"
+
+
+def issue(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    action: str,
+    *,
+    msg_id: str | None = None,
+    key: str | None = None,
+    topic: str | None = None,
+    deliver_at: datetime | None = None,
+    clock: Clock | None = None,
+) -> str:
+    """Append one command to ``commands`` and return its id (no validation; see cancel)."""
+    lay = ensure_tables(spark, cfg, migrate=False)
+    command_id = uuid.uuid4().hex.upper()
+    row = {
+        "command_id": command_id,
+        "action": action,
+        "msg_id": msg_id,
+        "key": key,
+        "topic": topic,
+        "deliver_at": deliver_at,
+        "issued_ts": (clock or SystemClock()).now(),
+        "issued_by": f"{getpass.getuser()}@{socket.gethostname()}",
+    }
+    df = spark.createDataFrame([tuple(row[c] for c in column_names(COMMANDS))], COMMANDS)
+    df.write.format("delta").mode("append").save(lay.commands)
+    return command_id
+
+
+def result_of(
+    spark: SparkSession, cfg: EngineConfig, command_id: str, action: str
+) -> CommandResult:
+    """The outcome of a command so far (``pending`` while no engine has decided it)."""
+    rows = (
+        spark.read.format("delta")
+        .load(Layout(cfg.lakehouse_path).command_results)
+        .where(F.col("command_id") == command_id)
+        .select(
+            "result",
+            "msg_id",
+            "topic",
+            "detail",
+            F.unix_millis("deliver_ts").alias("deliver_ms"),
+            F.unix_millis("new_deliver_ts").alias("new_ms"),
+        )
+        .orderBy("msg_id")
+        .collect()
+    )
+    outcomes = tuple(
+        Outcome(
+            r["result"],
+            r["msg_id"],
+            r["topic"],
+            _ts(r["deliver_ms"]),
+            _ts(r["new_ms"]),
+            r["detail"] or "",
+        )
+        for r in rows
+    )
+    if not outcomes:
+        return CommandResult(command_id, action, PENDING)
+    removing = [o.result for o in outcomes if o.result in REMOVING]
+    status = removing[0] if removing else outcomes[0].result
+    return CommandResult(command_id, action, status, outcomes)
+
+
+def wait_for(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    command_id: str,
+    action: str,
+    wait_s: float,
+    poll_s: float = 0.5,
+) -> CommandResult:
+    """Poll ``command_results`` until the command is decided or ``wait_s`` has passed."""
+    _check_wait(wait_s)
+    deadline = time.monotonic() + wait_s
+    while True:
+        result = result_of(spark, cfg, command_id, action)
+        if result.status != PENDING or time.monotonic() >= deadline:
+            return result
+        time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+
+
+def cancel(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    msg_id: str | None = None,
+    *,
+    key: str | None = None,
+    topic: str | None = None,
+    wait: float = DEFAULT_WAIT_S,
+    clock: Clock | None = None,
+) -> CommandResult:
+    """Cancel a scheduled message by id, or every pending message with ``key``.
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: the lakehouse.
+        msg_id: the message id :func:`~engine.producer.send` returned.
+        key: cancel every pending message carrying this key (instead of ``msg_id``).
+        topic: with ``key``, only messages for this topic.
+        wait: seconds to wait for the engine's answer (0: do not wait).
+        clock: the issuing clock (``issued_ts``).
+
+    Returns:
+        The outcome; ``status`` is ``pending`` if no engine answered within ``wait``
+        (the command stays queued and is applied when an engine runs).
+
+    Raises:
+        InvalidMessageError: when neither or both of ``msg_id`` and ``key`` are given,
+            or a value is not valid.
+    """
+    _target(msg_id, key)
+    _check_wait(wait)
+    if topic is not None:
+        if key is None:
+            raise InvalidMessageError("topic", topic, "only a cancel by key takes a topic")
+        check_topic(topic)
+    command_id = issue(spark, cfg, CANCEL, msg_id=msg_id, key=key, topic=topic, clock=clock)
+    return wait_for(spark, cfg, command_id, CANCEL, wait)
+
+
+def reschedule(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    msg_id: str,
+    *,
+    deliver_at: datetime | int | str | None = None,
+    delay: timedelta | str | None = None,
+    wait: float = DEFAULT_WAIT_S,
+    clock: Clock | None = None,
+) -> CommandResult:
+    """Move a scheduled message to a new deliver time (earlier or later).
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: the lakehouse and ``messages.max_delay``.
+        msg_id: the message id.
+        deliver_at: the new absolute time (ms, ISO-8601 with zone, or aware datetime).
+        delay: or a delay from now (``"90s"``, ``"2d"``, a timedelta).
+        wait: seconds to wait for the engine's answer.
+        clock: the issuing clock; ``delay`` counts from it.
+
+    Raises:
+        InvalidMessageError: without exactly one of ``deliver_at`` and ``delay``, or with a
+            time beyond ``messages.max_delay``.
+    """
+    _target(msg_id, None)
+    _check_wait(wait)
+    if (deliver_at is None) == (delay is None):
+        raise InvalidMessageError("deliver_at", deliver_at, "give one of deliver_at and delay")
+    when = deliver_time(deliver_at, delay, cfg, (clock or SystemClock()).now())
+    command_id = issue(spark, cfg, RESCHEDULE, msg_id=msg_id, deliver_at=when, clock=clock)
+    return wait_for(spark, cfg, command_id, RESCHEDULE, wait)
+
+
+def _target(msg_id: str | None, key: str | None) -> None:
+    if (msg_id is None) == (key is None):
+        raise InvalidMessageError("msg_id", msg_id, "give a message id or a key (one of them)")
+    for name, value in (("msg_id", msg_id), ("key", key)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise InvalidMessageError(name, value, "must be a non-empty string")
+
+
+def _check_wait(wait_s: float) -> None:
+    if not isinstance(wait_s, int | float) or wait_s < 0:
+        raise InvalidMessageError("wait", wait_s, "must be a number of seconds >= 0")
+
+
+def _ts(ms: int | None) -> datetime | None:
+    return from_millis(ms) if ms is not None else None
+
+
+# --------------------------------------------------------------------------- engine side
+
+
+@dataclass(frozen=True)
+class Target:
+    """A ``schedule`` row a command may touch (light columns only)."""
+
+    msg_id: str
+    revision: int
+    topic: str | None
+    keys: tuple[str, ...]
+    queue_id: int
+    deliver_ms: int
+    stamp_batch: int
+
+
+@dataclass(frozen=True)
+class Resolution:
+    """What a round decides for its open commands.
+
+    Attributes:
+        results: ``command_results`` rows to write.
+        new_rows: ``(msg_id, old_revision, new_revision, new_deliver_ts)`` per row a
+            reschedule appends to ``schedule``.
+        removed: ``(msg_id, revision)`` of rows taken out of delivery by this round.
+        removed_per_queue: how many of them per queue.
+        waiting: commands by id whose message is not stamped yet.
+    """
+
+    results: list[dict[str, Any]]
+    new_rows: list[tuple[str, int, int, datetime]]
+    removed: list[tuple[str, int]]
+    removed_per_queue: dict[int, int]
+    waiting: int
+
+
+def open_commands(
+    spark: SparkSession, layout: Layout, commands_version: int, round_: int
+) -> list[Mapping[str, Any]]:
+    """Commands in ``commands`` (at a version) without an outcome from a round before ``round_``."""
+    decided = (
+        spark.read.format("delta")
+        .load(layout.command_results)
+        .where(F.col("round") < round_)
+        .select("command_id")
+    )
+    rows = (
+        spark.read.format("delta")
+        .option("versionAsOf", commands_version)
+        .load(layout.commands)
+        .join(decided, "command_id", "left_anti")
+        .select(
+            "command_id",
+            "action",
+            "msg_id",
+            "key",
+            "topic",
+            F.unix_millis("deliver_at").alias("deliver_ms"),
+            F.unix_millis("issued_ts").alias("issued_ms"),
+        )
+        .orderBy("issued_ms", "command_id")
+        .collect()
+    )
+    return [r.asDict() for r in rows]
+
+
+def targets(
+    spark: SparkSession,
+    layout: Layout,
+    schedule_version: int,
+    commands: Sequence[Mapping[str, Any]],
+) -> list[Target]:
+    """The ``schedule`` rows (at a version) the commands name by id or key."""
+    ids = sorted({c["msg_id"] for c in commands if c["msg_id"]})
+    keys = sorted({c["key"] for c in commands if c["key"]})
+    match = F.lit(False)
+    if ids:
+        match = match | F.col("msg_id").isin(ids)
+    if keys:
+        match = match | F.arrays_overlap(F.col("keys"), F.array(*[F.lit(k) for k in keys]))
+    rows = (
+        spark.read.format("delta")
+        .option("versionAsOf", schedule_version)
+        .load(layout.schedule)
+        .where(match)
+        .select(
+            "msg_id",
+            F.coalesce("revision", F.lit(0)).alias("revision"),
+            "topic",
+            "keys",
+            "queue_id",
+            F.unix_millis("deliver_ts").alias("deliver_ms"),
+            "stamp_batch",
+        )
+        .collect()
+    )
+    return [
+        Target(
+            r["msg_id"],
+            int(r["revision"]),
+            r["topic"],
+            tuple(r["keys"] or ()),
+            int(r["queue_id"]),
+            int(r["deliver_ms"]),
+            int(r["stamp_batch"]),
+        )
+        for r in rows
+    ]
+
+
+def removed_before(
+    spark: SparkSession,
+    layout: Layout,
+    round_: int,
+    msg_ids: Iterable[str] | None = None,
+    after: datetime | None = None,
+) -> DataFrame:
+    """``(msg_id, revision)`` of rows taken out of delivery by rounds before ``round_``.
+
+    Args:
+        spark: a Delta-enabled session.
+        layout: the lakehouse.
+        round_: only outcomes decided before this round.
+        msg_ids: only these messages.
+        after: only rows that were due after this time.
+    """
+    rows = (
+        spark.read.format("delta")
+        .load(layout.command_results)
+        .where((F.col("round") < round_) & F.col("result").isin(*REMOVING))
+    )
+    if msg_ids is not None:
+        rows = rows.where(F.col("msg_id").isin(sorted(set(msg_ids))))
+    if after is not None:
+        rows = rows.where(F.col("deliver_ts") > F.lit(after))
+    return rows.select("msg_id", "revision")
+
+
+def resolve(
+    commands: Sequence[Mapping[str, Any]],
+    rows: Sequence[Target],
+    removed: set[tuple[str, int]],
+    delivered_by: tuple[int, int],
+    round_: int,
+    watermark_ms: int,
+    find_timeout_ms: int,
+    now: datetime,
+) -> Resolution:
+    """Decide what each open command does; a pure function of its inputs.
+
+    Args:
+        commands: open commands, in the order they were issued.
+        rows: the ``schedule`` rows they name, from the round's snapshot.
+        removed: rows already cancelled or rescheduled by earlier rounds.
+        delivered_by: ``(watermark_ms, stamp_batch)`` of the committed progress: a row
+            with ``deliver_ts`` and ``stamp_batch`` both at or below them is delivered.
+        round_: the deciding round.
+        watermark_ms: the round's watermark; a reschedule into the past is due just after
+            it, and a command by id older than ``find_timeout_ms`` gives up.
+        find_timeout_ms: how long a command by id waits for its message to be stamped.
+        now: ``decided_ts`` of the results.
+    """
+    live: dict[tuple[str, int], Target] = {}
+    delivered: set[tuple[str, int]] = set()
+    revisions: dict[str, int] = {}
+    for row in rows:
+        name = (row.msg_id, row.revision)
+        revisions[row.msg_id] = max(revisions.get(row.msg_id, 0), row.revision)
+        if name in removed:
+            continue
+        if row.deliver_ms <= delivered_by[0] and row.stamp_batch <= delivered_by[1]:
+            delivered.add(name)
+        else:
+            live[name] = row
+    out = Resolution([], [], [], {}, 0)
+    waiting = 0
+
+    def record(command: Mapping[str, Any], result: str, row: Target | None, **extra: Any) -> None:
+        out.results.append(
+            {
+                "command_id": command["command_id"],
+                "action": command["action"],
+                "result": result,
+                "msg_id": row.msg_id if row else command["msg_id"],
+                "revision": row.revision if row else None,
+                "topic": row.topic if row else command["topic"],
+                "queue_id": row.queue_id if row else None,
+                "deliver_ts": from_millis(row.deliver_ms) if row else None,
+                "new_revision": extra.get("new_revision"),
+                "new_deliver_ts": extra.get("new_deliver_ts"),
+                "detail": extra.get("detail"),
+                "round": round_,
+                "decided_ts": now,
+            }
+        )
+
+    for command in commands:
+        chosen = _chosen(command)
+        hits = [r for name, r in sorted(live.items()) if chosen(r)]
+        for row in hits:
+            del live[(row.msg_id, row.revision)]
+            out.removed.append((row.msg_id, row.revision))
+            out.removed_per_queue[row.queue_id] = out.removed_per_queue.get(row.queue_id, 0) + 1
+            if command["action"] == RESCHEDULE:
+                new_revision = revisions[row.msg_id] = revisions[row.msg_id] + 1
+                due_ms = max(int(command["deliver_ms"]), watermark_ms + 1)
+                new_ts = from_millis(due_ms)
+                out.new_rows.append((row.msg_id, row.revision, new_revision, new_ts))
+                # The new row can be cancelled or moved again by a later command.
+                live[(row.msg_id, new_revision)] = Target(
+                    row.msg_id, new_revision, row.topic, row.keys, RESCHEDULE_QUEUE, due_ms, -1
+                )
+                record(command, RESCHEDULED, row, new_revision=new_revision, new_deliver_ts=new_ts)
+            else:
+                record(command, CANCELLED, row)
+        if hits:
+            continue
+        what = f"message {command['msg_id']}" if command["msg_id"] else f"key {command['key']!r}"
+        if any(chosen(r) for r in rows if (r.msg_id, r.revision) in delivered):
+            record(command, ALREADY_DELIVERED, None, detail=f"{what} was delivered")
+        elif any(chosen(r) for r in rows):
+            record(command, ALREADY_CANCELLED, None, detail=f"{what} was cancelled or moved")
+        elif command["msg_id"] and watermark_ms < command["issued_ms"] + find_timeout_ms:
+            waiting += 1  # not stamped yet: ask again next round
+        else:
+            record(command, NOT_FOUND, None, detail=f"no scheduled {what}")
+    return Resolution(out.results, out.new_rows, out.removed, out.removed_per_queue, waiting)
+
+
+def _chosen(command: Mapping[str, Any]) -> Any:
+    if command["msg_id"]:
+        return lambda r: r.msg_id == command["msg_id"]
+    key, topic = command["key"], command["topic"]
+    return lambda r: key in r.keys and (topic is None or (r.topic or "").lower() == topic.lower())
+
+
+def results_frame(spark: SparkSession, results: Sequence[Mapping[str, Any]]) -> DataFrame:
+    """``command_results`` rows as a DataFrame."""
+    names = column_names(COMMAND_RESULTS)
+    return spark.createDataFrame([tuple(r[c] for c in names) for r in results], COMMAND_RESULTS)
+
+
+def rescheduled_rows(
+    spark: SparkSession,
+    layout: Layout,
+    schedule_version: int,
+    new_rows: Sequence[tuple[str, int, int, datetime]],
+    stamp_batch: int,
+    now: datetime,
+) -> DataFrame:
+    """The ``schedule`` rows a round's reschedules append: copies with a new time and revision.
+
+    ``stamp_batch`` is the round's stamp high mark, so later rounds do not count the rows as
+    newly stamped; their deliver time is after the round's watermark, so the due window
+    finds them.
+    """
+    moves = spark.createDataFrame(
+        list(new_rows), "msg_id string, _old int, _revision int, _deliver_ts timestamp"
+    )
+    old = (
+        spark.read.format("delta")
+        .option("versionAsOf", schedule_version)
+        .load(layout.schedule)
+        .withColumn("_old", F.coalesce("revision", F.lit(0)))
+    )
+    moved = old.join(F.broadcast(moves), ["msg_id", "_old"])
+    replaced = {
+        "queue_id": F.lit(RESCHEDULE_QUEUE).cast("int"),
+        "deliver_ts": F.col("_deliver_ts"),
+        "stamp_batch": F.lit(stamp_batch).cast("long"),
+        "stamped_ts": F.lit(now).cast("timestamp"),
+        "revision": F.col("_revision"),
+    }
+    return moved.select(*[replaced.get(c, F.col(c)).alias(c) for c in old.columns if c[0] != "_"])
+
+
+__all__ = [
+    "ALREADY_CANCELLED",
+    "ALREADY_DELIVERED",
+    "CANCELLED",
+    "NOT_FOUND",
+    "PENDING",
+    "RESCHEDULED",
+    "CommandResult",
+    "Outcome",
+    "Resolution",
+    "cancel",
+    "open_commands",
+    "removed_before",
+    "reschedule",
+    "resolve",
+    "targets",
+]

@@ -1,0 +1,331 @@
+"""Cancel and reschedule: outcomes, races with delivery, replays, audit trail."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from engine.clock import FakeClock, to_millis
+from engine.commands import (
+    CANCEL,
+    Target,
+    cancel,
+    issue,
+    reschedule,
+    resolve,
+    result_of,
+)
+from engine.config import EngineConfig
+from engine.delivery import Plan
+from engine.errors import InvalidMessageError
+from engine.inspect import history, pending
+from engine.producer import Message, send, send_many
+from engine.runner import Engine
+from engine.tables import ensure_tables
+from tests.conftest import START, delivered_rows
+
+pytestmark = pytest.mark.integration
+
+
+class Crash(Exception):
+    """Stands for a process dying at a chosen point."""
+
+
+def quiet_engine(spark: SparkSession, cfg: EngineConfig, clock: FakeClock, **kw: Any) -> Engine:
+    return Engine(spark, cfg, clock, out=lambda _: None, **kw)
+
+
+def delivered_ids(spark: SparkSession, cfg: EngineConfig) -> list[str]:
+    return sorted(str(r["msg_id"]) for r in delivered_rows(spark, cfg))
+
+
+def test_cancel_before_delivery(spark: SparkSession, cfg: EngineConfig, clock: FakeClock) -> None:
+    messages = [Message("orders", "keep", delay_level=3), Message("orders", "drop", delay_level=3)]
+    keep, drop = send_many(spark, cfg, messages, clock)
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    asked = cancel(spark, cfg, drop, wait=0, clock=clock)
+    assert asked.status == "pending", "no round has run since"
+    engine.step()
+    done = result_of(spark, cfg, asked.command_id, CANCEL)
+    assert done.status == "cancelled" and done.count == 1
+    assert done.outcomes[0].msg_id == drop and done.outcomes[0].topic == "orders"
+    assert [r["msg_id"] for r in pending(spark, cfg).collect()] == [keep]
+    clock.advance(seconds=4)
+    engine.step()
+    assert delivered_ids(spark, cfg) == [keep]
+    status = engine.status()
+    assert status.cancelled == 1 and status.idle, status
+    # nothing is deleted: the message is still in commitlog and schedule
+    events = [r["event"] for r in history(spark, cfg, msg_id=drop).collect()]
+    assert events == ["sent", "stamped", "cancelled"]
+
+
+def test_cancel_after_delivery_says_so(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    msg = send(spark, cfg, "orders", "gone", delay_level=1, clock=clock)
+    engine = quiet_engine(spark, cfg, clock)
+    clock.advance(seconds=1)
+    engine.step()
+    asked = cancel(spark, cfg, msg, wait=0, clock=clock)
+    engine.step()
+    done = result_of(spark, cfg, asked.command_id, CANCEL)
+    assert done.status == "already_delivered"
+    assert delivered_ids(spark, cfg) == [msg]
+    assert engine.status().cancelled == 0
+
+
+def test_cancel_racing_delivery_in_one_round_cancels_and_delivers_nothing(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    msg = send(spark, cfg, "orders", "race", delay_level=1, clock=clock)
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    clock.advance(seconds=1)  # due now, and the cancel arrives before the round
+    asked = cancel(spark, cfg, msg, wait=0, clock=clock)
+    engine.step()
+    assert result_of(spark, cfg, asked.command_id, CANCEL).status == "cancelled"
+    clock.advance(seconds=5)
+    engine.step()
+    assert delivered_ids(spark, cfg) == [], "cancelled and delivered must never both happen"
+
+
+def test_crash_in_a_round_with_a_cancel_replays_it_exactly(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    ids = send_many(
+        spark, cfg, [Message("orders", f"m{i}", delay_level=1) for i in range(4)], clock
+    )
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    clock.advance(seconds=1)
+    asked = cancel(spark, cfg, ids[0], wait=0, clock=clock)
+
+    def crash(_plan: Plan) -> None:
+        raise Crash("killed after the topic writes, before the commit")
+
+    crashing = quiet_engine(spark, cfg, clock, after_topic_writes=crash)
+    with pytest.raises(Crash):
+        crashing.step()
+    restarted = quiet_engine(spark, cfg, clock)  # replays the planned round at start
+    restarted.step()
+    assert delivered_ids(spark, cfg) == sorted(ids[1:])
+    done = result_of(spark, cfg, asked.command_id, CANCEL)
+    assert done.status == "cancelled" and len(done.outcomes) == 1, "decided once"
+    status = restarted.status()
+    assert status.cancelled == 1 and status.idle, status
+
+
+def test_cancel_by_key_in_one_topic(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    ids = send_many(
+        spark,
+        cfg,
+        [
+            Message("orders", "a", keys="order-7", delay_level=2),
+            Message("orders", "b", keys=["x", "order-7"], delay_level=3),
+            Message("audit", "c", keys="order-7", delay_level=3),
+            Message("orders", "d", keys="order-8", delay_level=3),
+        ],
+        clock,
+    )
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    asked = cancel(spark, cfg, key="order-7", topic="orders", wait=0, clock=clock)
+    engine.step()
+    done = result_of(spark, cfg, asked.command_id, CANCEL)
+    assert done.status == "cancelled" and done.count == 2
+    assert sorted(o.msg_id for o in done.outcomes) == sorted(ids[:2])
+    clock.advance(seconds=4)
+    engine.step()
+    assert delivered_ids(spark, cfg) == sorted(ids[2:])
+    again = cancel(spark, cfg, key="order-7", topic="orders", wait=0, clock=clock)
+    engine.step()
+    assert result_of(spark, cfg, again.command_id, CANCEL).status == "already_cancelled"
+
+
+def test_reschedule_later_keeps_the_id_and_is_never_early(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    msg = send(spark, cfg, "orders", "later", delay_level=1, keys="k1", clock=clock)
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    asked = reschedule(spark, cfg, msg, delay="5s", wait=0, clock=clock)
+    new_time = START + timedelta(seconds=5)
+    engine.step()
+    done = result_of(spark, cfg, asked.command_id, "reschedule")
+    assert done.status == "rescheduled" and done.outcomes[0].new_deliver_ts == new_time
+    clock.advance(seconds=4)
+    engine.step()
+    assert delivered_ids(spark, cfg) == [], "not at the old time, not before the new one"
+    clock.set(new_time)
+    engine.step()
+    (row,) = delivered_rows(spark, cfg)
+    assert row["msg_id"] == msg and row["body"] == b"later"
+    assert to_millis(row["deliver_ts"].astimezone()) == to_millis(new_time)  # type: ignore[union-attr]
+    assert row["delivered_ts"] >= row["deliver_ts"]  # type: ignore[operator]
+    status = engine.status()
+    assert status.idle and status.cancelled == 0 and status.unstamped == 0, status
+    events = [r["event"] for r in history(spark, cfg, key="k1").collect()]
+    assert events == ["sent", "stamped", "rescheduled", "stamped", "delivered"]
+
+
+def test_reschedule_earlier_and_into_the_past(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    soon, past = send_many(
+        spark,
+        cfg,
+        [Message("orders", "soon", delay="1h"), Message("orders", "past", delay="2h")],
+        clock,
+    )
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    reschedule(spark, cfg, soon, delay="2s", wait=0, clock=clock)
+    reschedule(spark, cfg, past, deliver_at=START - timedelta(days=1), wait=0, clock=clock)
+    engine.step()  # decides both; the one in the past is due 1 ms after this round's cutoff
+    clock.advance(millis=1)
+    engine.step()
+    assert delivered_ids(spark, cfg) == [past]
+    clock.advance(seconds=2)
+    engine.step()
+    assert delivered_ids(spark, cfg) == sorted([soon, past])
+    assert engine.status().idle
+
+
+def test_reschedule_then_cancel_in_one_round(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    msg = send(spark, cfg, "orders", "x", delay_level=1, clock=clock)
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    reschedule(spark, cfg, msg, delay="10s", wait=0, clock=clock)
+    clock.advance(millis=1)
+    asked = cancel(spark, cfg, msg, wait=0, clock=clock)
+    engine.step()
+    assert result_of(spark, cfg, asked.command_id, CANCEL).status == "cancelled"
+    clock.advance(seconds=20)
+    engine.step()
+    assert delivered_ids(spark, cfg) == []
+    assert engine.status().idle
+
+
+def test_cancel_waits_for_stamping_then_gives_up(
+    spark: SparkSession, make_cfg: Any, clock: FakeClock
+) -> None:
+    cfg = make_cfg(find_timeout_ms=2000)
+    engine = quiet_engine(spark, cfg, clock)
+    msg = send(spark, cfg, "orders", "fresh", delay_level=1, clock=clock)
+    early = cancel(spark, cfg, msg, wait=0, clock=clock)
+    unknown = cancel(spark, cfg, "NO-SUCH-ID", wait=0, clock=clock)
+    engine.delivery.run_round()  # the message is not stamped yet: both wait
+    assert result_of(spark, cfg, early.command_id, CANCEL).status == "pending"
+    engine.step()  # now it is stamped
+    assert result_of(spark, cfg, early.command_id, CANCEL).status == "cancelled"
+    assert result_of(spark, cfg, unknown.command_id, CANCEL).status == "pending"
+    clock.advance(seconds=3)
+    engine.step()
+    gone = result_of(spark, cfg, unknown.command_id, CANCEL)
+    assert gone.status == "not_found" and "NO-SUCH-ID" in gone.line()
+    assert delivered_ids(spark, cfg) == []
+
+
+def test_bad_commands_fail_before_anything_is_written(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    with pytest.raises(InvalidMessageError, match="msg_id"):
+        cancel(spark, cfg, wait=0)
+    with pytest.raises(InvalidMessageError, match="msg_id"):
+        cancel(spark, cfg, "A", key="k", wait=0)
+    with pytest.raises(InvalidMessageError, match="topic"):
+        cancel(spark, cfg, "A", topic="orders", wait=0)
+    with pytest.raises(InvalidMessageError, match="max_delay"):
+        reschedule(spark, cfg, "A", delay="400d", wait=0, clock=clock)
+    with pytest.raises(InvalidMessageError, match="deliver_at"):
+        reschedule(spark, cfg, "A", wait=0)
+    with pytest.raises(InvalidMessageError, match="wait"):
+        cancel(spark, cfg, "A", wait=-1)
+    commands = spark.read.format("delta").load(ensure_tables(spark, cfg).commands)
+    assert commands.count() == 0, "a refused command is not written"
+
+
+def test_cancel_with_an_engine_running_returns_the_outcome(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    engine = Engine(spark, cfg.with_overrides(poll_interval_ms=100), out=lambda _: None)
+    msg = send(spark, cfg, "orders", "soon cancelled", delay="1h")
+    engine.start()
+    try:
+        result = cancel(spark, cfg, msg, wait=60)
+    finally:
+        engine.stop()
+    assert result.status == "cancelled", result
+    assert result.line().startswith("cancelled 1 message(s)")
+
+
+def _target(msg_id: str, deliver_ms: int, batch: int = 0, revision: int = 0) -> Target:
+    return Target(msg_id, revision, "orders", ("k",), 1, deliver_ms, batch)
+
+
+def _command(action: str, msg_id: str | None = None, key: str | None = None) -> dict[str, Any]:
+    return {"command_id": f"c-{action}-{msg_id or key}", "action": action, "msg_id": msg_id,
+            "key": key, "topic": None, "deliver_ms": 50_000, "issued_ms": 0}  # fmt: skip
+
+
+def test_resolve_is_a_pure_decision() -> None:
+    rows = [_target("delivered", 1_000), _target("live", 9_000), _target("late", 500, batch=3)]
+    out = resolve(
+        [_command("cancel", "delivered"), _command("cancel", "live"), _command("cancel", "late"),
+         _command("reschedule", key="k")],
+        rows, set(), (2_000, 2), 7, 10_000, 60_000, START,
+    )  # fmt: skip
+    by_msg = {(r["command_id"], r["msg_id"]): r["result"] for r in out.results}
+    assert by_msg[("c-cancel-delivered", "delivered")] == "already_delivered"
+    assert by_msg[("c-cancel-live", "live")] == "cancelled"
+    assert by_msg[("c-cancel-late", "late")] == "cancelled", "stamped late: not delivered yet"
+    assert by_msg[("c-reschedule-k", None)] == "already_delivered", "nothing left for the key"
+    assert out.removed_per_queue == {1: 2} and out.waiting == 0
+    moved = resolve(
+        [_command("reschedule", "live")], rows, set(), (2_000, 2), 7, 60_000, 60_000, START
+    )
+    ((msg, old, new, when),) = moved.new_rows
+    assert (msg, old, new) == ("live", 0, 1)
+    assert to_millis(when) == 60_001, "a time already past is due just after the watermark"
+
+
+def test_issue_records_who_and_when(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    command_id = issue(spark, cfg, CANCEL, msg_id="X", clock=clock)
+    (row,) = spark.read.format("delta").load(f"{cfg.lakehouse_path}/commands").collect()
+    assert row["command_id"] == command_id and "@" in row["issued_by"]
+
+
+def test_cli_cancel_reschedule_and_the_pending_view(
+    spark: SparkSession, cfg: EngineConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.test_producer_cli_sql import cli
+
+    code, out, _ = cli(capsys, cfg, "send", "--topic", "orders", "--body", "a", "--delay", "1h")
+    first = out.strip()
+    code, out, _ = cli(capsys, cfg, "send", "--topic", "orders", "--body", "b", "--delay", "1h")
+    second = out.strip()
+    code, out, _ = cli(capsys, cfg, "cancel", "--id", first, "--wait", "0")
+    assert code == 1 and "pending" in out and "no engine answered yet" in out
+    code, out, _ = cli(capsys, cfg, "reschedule", "--id", second, "--delay", "2h", "--wait", "0")
+    assert code == 1 and "pending" in out
+    code, _, err = cli(capsys, cfg, "reschedule", "--id", second, "--delay", "90d")
+    assert code == 2 and "max_delay" in err
+    Engine(spark, cfg, out=lambda _: None).step()
+    code, out, _ = cli(capsys, cfg, "status")
+    assert code == 0 and "cancelled   1" in out
+    code, out, _ = cli(capsys, cfg, "history", "--id", first)
+    assert code == 0 and "cancelled" in out
+    query = f"SELECT msg_id, revision FROM {cfg.database}.pending"
+    code, out, _ = cli(capsys, cfg, "sql", query)
+    assert code == 0 and second in out and first not in out and "|1       |" in out
