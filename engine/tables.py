@@ -30,7 +30,7 @@ from engine.config import EngineConfig
 from engine.errors import InvalidMessageError, SetupError
 from engine.fs import hadoop_path, jvm
 from engine.views import register_views
-from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, QUARANTINE, SCHEDULE
+from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, QUARANTINE, SCHEDULE, column_names
 
 #: Topic names: a SQL identifier, so that the topic's table can be named in SQL.
 TOPIC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
@@ -250,12 +250,19 @@ def register_topic_tables(spark: SparkSession, cfg: EngineConfig) -> list[str]:
         The topic table names registered.
     """
     lay = layout(cfg)
+    present = []
     for name in _ENGINE_TABLES:
         path = getattr(lay, name)
         if DeltaTable.isDeltaTable(spark, path):
             register_table(spark, cfg, name, path)
+            present.append(name)
+    # The views need current tables: a lakehouse made by an older version gets them once
+    # the engine has started (and upgraded it).
+    current = len(present) == len(_ENGINE_TABLES) and set(column_names(SCHEDULE)) <= set(
+        spark.read.format("delta").load(lay.schedule).columns
+    )
     if list_files(spark, lay.delay_offset, ".json"):
-        register_views(spark, cfg.database, lay.delay_offset)
+        register_views(spark, cfg.database, lay.delay_offset, pending=current)
     topics = list_topics(spark, cfg)
     for name in topics:
         register_table(spark, cfg, name, f"{lay.topics}/{name}")

@@ -11,19 +11,37 @@ from pyspark.sql import SparkSession
 from schemas import DELAY_OFFSET
 
 
-def register_views(spark: SparkSession, database: str, delay_offset_path: str) -> None:
-    """Create or replace ``delay_offset``, ``pending`` and ``due_forecast`` in ``database``."""
-    for statement in [delay_offset_view_sql(database, delay_offset_path), *views_sql(database)]:
+def register_views(
+    spark: SparkSession, database: str, delay_offset_path: str, pending: bool = True
+) -> None:
+    """Create or replace ``delay_offset``, ``pending`` and ``due_forecast`` in ``database``.
+
+    Args:
+        spark: the session whose catalog gets the views.
+        database: where the engine's tables are registered.
+        delay_offset_path: the checkpoint log folder.
+        pending: also the views that need ``schedule`` and ``command_results``.
+    """
+    statements = [delay_offset_view_sql(database, delay_offset_path)]
+    for statement in statements + (views_sql(database) if pending else []):
         spark.sql(statement)
 
 
 def delay_offset_view_sql(database: str, path: str) -> str:
-    """SQL creating the ``delay_offset`` view over the log (typed columns)."""
+    """SQL creating the ``delay_offset`` view over the log (typed columns).
+
+    Each line is parsed with the full schema, so files written before a column existed
+    read it as null.
+    """
+    as_text = ", ".join(f"`{f.name}`: STRING" for f in DELAY_OFFSET.fields)
     casts = ", ".join(
-        f"CAST({f.name} AS {f.dataType.simpleString()}) AS {f.name}" for f in DELAY_OFFSET.fields
+        f"CAST(r.`{f.name}` AS {f.dataType.simpleString()}) AS `{f.name}`"
+        for f in DELAY_OFFSET.fields
     )
     return (
-        f"CREATE OR REPLACE VIEW `{database}`.`delay_offset` AS SELECT {casts} FROM json.`{path}`"
+        f"CREATE OR REPLACE VIEW `{database}`.`delay_offset` AS SELECT {casts} FROM "
+        f"(SELECT from_json(value, 'STRUCT<{as_text}>') AS r FROM text.`{path}` "
+        "WHERE trim(value) != '')"
     )
 
 

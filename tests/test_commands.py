@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -329,3 +330,40 @@ def test_cli_cancel_reschedule_and_the_pending_view(
     query = f"SELECT msg_id, revision FROM {cfg.database}.pending"
     code, out, _ = cli(capsys, cfg, "sql", query)
     assert code == 0 and second in out and first not in out and "|1       |" in out
+
+
+def test_a_lakehouse_from_before_commands_upgrades(
+    spark: SparkSession, make_cfg: Any, clock: FakeClock
+) -> None:
+    import json
+
+    from delta.tables import DeltaTable
+    from pyspark.sql.types import StructType
+
+    from engine.tables import layout, register_topic_tables
+    from schemas import COMMITLOG, SCHEDULE
+
+    cfg = make_cfg(register_tables=True)
+    lay = layout(cfg)
+    DeltaTable.create(spark).location(lay.commitlog).addColumns(COMMITLOG).execute()
+    old = StructType([f for f in SCHEDULE.fields if f.name != "revision"])
+    DeltaTable.create(spark).location(lay.schedule).addColumns(old).partitionedBy(
+        "queue_id"
+    ).execute()
+    old_round = {"checkpoint_id": "c1", "status": "committed", "queue_id": 1, "round": 0,
+                 "watermark": START.isoformat(), "schedule_version": 0, "stamp_batch": -1,
+                 "delivered": 0, "delivered_total": 0, "stamped_total": 0,
+                 "last_deliver_ts": None, "updated_ts": START.isoformat()}  # fmt: skip
+    Path(lay.delay_offset).mkdir(parents=True)
+    (Path(lay.delay_offset) / f"{0:020d}.json").write_text(json.dumps(old_round) + "\n")
+    register_topic_tables(spark, cfg)  # an old lakehouse: no error, the checkpoint view works
+    row = spark.sql(f"SELECT round, cancelled_total FROM {cfg.database}.delay_offset").first()
+    assert row is not None and row["round"] == 0 and row["cancelled_total"] is None
+
+    engine = quiet_engine(spark, cfg, clock)  # upgrades: revision column, command tables
+    msg = send(spark, cfg, "orders", "x", delay_level=2, clock=clock)
+    engine.step()
+    cancel(spark, cfg, msg, wait=0, clock=clock)
+    engine.step()
+    assert spark.sql(f"SELECT * FROM {cfg.database}.pending").count() == 0
+    assert engine.status().cancelled == 1
