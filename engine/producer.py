@@ -377,11 +377,17 @@ def send_df(
     shaped = df.select(*[column(f.name).cast(f.dataType).alias(f.name) for f in COMMITLOG.fields])
     checked = shaped.withColumn("_reason", rejection_reason(cfg)).cache()
     try:
-        first_bad = checked.where(F.col("_reason").isNotNull()).select("_reason", "topic").first()
-        if first_bad is not None:
-            raise InvalidMessageError("row", first_bad["topic"], first_bad["_reason"])
+        # One pass: how many rows, and the first bad one (if any).
+        seen = checked.agg(
+            F.count(F.lit(1)).alias("n"),
+            F.min_by(F.struct("_reason", "topic"), F.col("_reason").isNull()).alias("bad"),
+        ).first()
+        assert seen is not None
+        bad = seen["bad"]
+        if bad is not None and bad["_reason"] is not None:
+            raise InvalidMessageError("row", bad["topic"], bad["_reason"])
         lay = ensure_tables(spark, cfg, migrate=False)
         checked.drop("_reason").write.format("delta").mode("append").save(lay.commitlog)
-        return checked.count()
+        return int(seen["n"])
     finally:
         checked.unpersist()
