@@ -14,8 +14,11 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 SUBMIT    := $(BIN)/spark-submit --properties-file $(SPARK_PROPS)
 PYTEST_ARGS ?=
+# make bench MODE=full for the long run; BENCH_ARGS="--workloads steady,spike" to pick.
+MODE      ?= quick
+BENCH_ARGS ?=
 
-.PHONY: help setup venv jars run engine status test test-quick check lint typecheck clean distclean
+.PHONY: help setup venv jars run engine status test test-quick bench check lint typecheck clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -62,6 +65,9 @@ test: setup check ## Set up, lint, type-check and run the whole test suite
 
 test-quick: setup ## Run only the fast tests (no Spark)
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+
+bench: setup ## Benchmark (MODE=quick, ~10 min, or MODE=full): JSON + PNG in bench/out/
+	$(SUBMIT) --driver-memory 12g jobs/bench.py --mode $(MODE) $(BENCH_ARGS)
 
 check: lint typecheck ## ruff and mypy
 

@@ -1,0 +1,696 @@
+"""The benchmark behind ``make bench``: throughput, lateness, backlog, spike, fan-out, memory.
+
+Every workload runs the real engine (both streams, real clock) on a fresh lakehouse under
+the output folder, in the same Spark application as the load generator (the embedded
+default: one JVM on the machine's cores).
+
+Lateness is measured from when a row became visible in its topic table: the timestamp of
+the Delta commit that holds it (each topic write records its round in ``userMetadata``),
+minus the row's ``deliver_ts``. A commit before ``deliver_ts`` counts as early.
+
+Workloads:
+
+* ``steady``: sends at stepped rates (mixed levels and timers) until the engine falls behind;
+* ``backlog``: a fixed rate while 0 .. N timers wait days ahead;
+* ``spike``: N messages due at the same instant, plus messages due one second later;
+* ``fanout``: a fixed rate spread over 1, 10, 100 topics.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import platform
+import shutil
+import statistics
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from engine.clock import SystemClock, to_millis
+from engine.config import EngineConfig
+from engine.fs import jvm
+from engine.levels import parse_levels
+from engine.producer import send_df
+from engine.runner import Engine
+from engine.tables import layout, list_topics
+
+log = logging.getLogger("delayq.bench")
+
+#: Compressed levels so that messages come due within seconds of being sent.
+BENCH_LEVELS = "1s 2s 3s"
+#: Timers in the steady load are due 0..this many ms after they are sent.
+TIMER_SPREAD_MS = 3000
+#: A step has fallen behind when its p99 lateness passes this, or messages are missing.
+BEHIND_P99_MS = 10_000
+
+
+@dataclass(frozen=True)
+class BenchPlan:
+    """What a mode runs."""
+
+    mode: str
+    rates: tuple[int, ...]
+    step_seconds: int
+    backlogs: tuple[int, ...]
+    backlog_rate: int
+    spike: int
+    fanouts: tuple[int, ...]
+    fanout_rate: int
+    drain_seconds: int = 90
+
+
+QUICK = BenchPlan(
+    "quick", (1_000, 10_000, 50_000), 20, (0, 1_000_000), 1_000, 1_000_000, (1, 10, 100), 1_000
+)
+FULL = BenchPlan(
+    "full",
+    (1_000, 10_000, 50_000, 100_000, 200_000),
+    60,
+    (0, 1_000_000, 10_000_000, 50_000_000),
+    1_000,
+    1_000_000,
+    (1, 10, 100),
+    1_000,
+)
+#: A minute-long run of every workload on tiny numbers: checks the benchmark itself.
+SMOKE = BenchPlan("smoke", (200,), 5, (0, 10_000), 200, 10_000, (1, 3), 200, drain_seconds=60)
+PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
+
+
+# --------------------------------------------------------------------------- load
+
+
+def load_frame(
+    spark: SparkSession, n: int, tag: str, topics: int, now: datetime, timer_share: float = 0.5
+) -> DataFrame:
+    """``n`` messages over ``topics`` topics: half on levels 1..3, half timers due soon."""
+    now_ms = to_millis(now)
+    timer = F.rand(seed=7) < F.lit(timer_share)
+    due = F.timestamp_millis(F.lit(now_ms) + (F.rand(seed=11) * TIMER_SPREAD_MS).cast("long"))
+    return spark.range(n).select(
+        F.concat(F.lit("bench_"), (F.col("id") % topics).cast("string")).alias("topic"),
+        F.concat(F.lit(f"{tag}-"), F.col("id").cast("string")).alias("body"),
+        F.lit(tag).alias("tags"),
+        F.when(timer, F.lit(None)).otherwise(F.col("id") % 3 + 1).cast("int").alias("delay_level"),
+        F.when(timer, due).otherwise(F.lit(None)).alias("deliver_at"),
+    )
+
+
+class Producer(threading.Thread):
+    """Sends ``rate`` messages per second, one commit per second, for ``seconds``."""
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        cfg: EngineConfig,
+        rate: int,
+        seconds: float,
+        tag: str,
+        topics: int = 1,
+    ) -> None:
+        super().__init__(name=f"producer-{tag}", daemon=True)
+        self.spark, self.cfg, self.rate, self.seconds = spark, cfg, rate, seconds
+        self.tag, self.topics = tag, topics
+        self.sent = 0
+        self.elapsed = 0.0
+        self.send_seconds: list[float] = []
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        clock = SystemClock()
+        started = time.monotonic()
+        tick = 0
+        try:
+            while time.monotonic() - started < self.seconds:
+                t = time.monotonic()
+                frame = load_frame(self.spark, self.rate, f"{self.tag}", self.topics, clock.now())
+                self.sent += send_df(self.spark, self.cfg, frame, clock)
+                self.send_seconds.append(time.monotonic() - t)
+                tick += 1
+                time.sleep(max(0.0, started + tick - time.monotonic()))
+        except BaseException as err:  # reported by the workload
+            self.error = err
+        self.elapsed = time.monotonic() - started
+
+
+# --------------------------------------------------------------------------- memory
+
+
+class MemorySampler(threading.Thread):
+    """Samples JVM heap in use and process resident sizes every half second."""
+
+    def __init__(self, spark: SparkSession) -> None:
+        super().__init__(name="memory-sampler", daemon=True)
+        view = jvm(spark)
+        self._bean = view.java.lang.management.ManagementFactory.getMemoryMXBean()
+        self._jvm_pid = int(view.java.lang.ProcessHandle.current().pid())
+        self._stop = threading.Event()
+        self.peak: dict[str, float] = {}
+
+    def reset(self) -> dict[str, float]:
+        """Return the peaks since the last reset and start again."""
+        peak, self.peak = self.peak, {}
+        return peak
+
+    def run(self) -> None:
+        while not self._stop.wait(0.5):
+            try:
+                sample = {
+                    "jvm_heap_used_mb": self._bean.getHeapMemoryUsage().getUsed() / 2**20,
+                    "jvm_rss_mb": _rss_mb(self._jvm_pid),
+                    "python_rss_mb": _rss_mb(os.getpid()),
+                }
+            except Exception:  # the JVM is going down
+                return
+            for name, value in sample.items():
+                self.peak[name] = round(max(self.peak.get(name, 0.0), value), 1)
+
+    def stop(self) -> None:
+        """Stop sampling."""
+        self._stop.set()
+
+
+def _rss_mb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+# --------------------------------------------------------------------------- measuring
+
+
+def commit_times(spark: SparkSession, path: str) -> DataFrame:
+    """``(delivery_round, commit_ms)`` of a topic table's delivery commits."""
+    from delta.tables import DeltaTable
+
+    history = DeltaTable.forPath(spark, path).history()
+    return history.where(F.col("userMetadata").startswith("delayq round ")).select(
+        F.regexp_extract("userMetadata", r"^delayq round (\d+)", 1)
+        .cast("long")
+        .alias("delivery_round"),
+        F.unix_millis("timestamp").alias("commit_ms"),
+    )
+
+
+def visible_rows(spark: SparkSession, cfg: EngineConfig, tag: str | None = None) -> DataFrame:
+    """Delivered rows with ``visible_ms`` (their commit) and ``late_ms`` (after deliver_ts)."""
+    lay = layout(cfg)
+    frames = []
+    for name in list_topics(spark, cfg):
+        rows = spark.read.format("delta").load(lay.topic(name))
+        if tag is not None:
+            rows = rows.where(F.col("tags") == tag)
+        frames.append(
+            rows.join(F.broadcast(commit_times(spark, lay.topic(name))), "delivery_round").select(
+                "msg_id",
+                F.unix_millis("deliver_ts").alias("deliver_ms"),
+                F.unix_millis("delivered_ts").alias("delivered_ms"),
+                F.col("commit_ms").alias("visible_ms"),
+            )
+        )
+    if not frames:
+        schema = "msg_id string, deliver_ms long, delivered_ms long, visible_ms long"
+        return spark.createDataFrame([], schema).withColumn("late_ms", F.lit(0).cast("long"))
+    result = frames[0]
+    for frame in frames[1:]:
+        result = result.unionByName(frame)
+    return result.withColumn("late_ms", F.col("visible_ms") - F.col("deliver_ms"))
+
+
+def lateness(rows: DataFrame, sent: int) -> dict[str, Any]:
+    """Percentiles of ``late_ms``, and early, duplicate and missing counts."""
+    r = rows.agg(
+        F.count(F.lit(1)).alias("rows"),
+        F.countDistinct("msg_id").alias("distinct"),
+        F.percentile_approx("late_ms", [0.5, 0.95, 0.99], 10_000).alias("p"),
+        F.max("late_ms").alias("max"),
+        F.sum(
+            (
+                (F.col("visible_ms") < F.col("deliver_ms"))
+                | (F.col("delivered_ms") < F.col("deliver_ms"))
+            ).cast("int")
+        ).alias("early"),
+    ).first()
+    assert r is not None
+    p = r["p"] or [None, None, None]
+    return {
+        "delivered": int(r["distinct"]),
+        "late_p50_ms": p[0],
+        "late_p95_ms": p[1],
+        "late_p99_ms": p[2],
+        "late_max_ms": r["max"],
+        "early": int(r["early"] or 0),
+        "duplicates": int(r["rows"]) - int(r["distinct"]),
+        "missing": max(sent - int(r["distinct"]), 0),
+    }
+
+
+def round_stats(engine: Engine, since: int) -> dict[str, Any]:
+    """Delivery rounds since the ``since``-th: durations, stages, files and rows read."""
+    rounds = list(engine.stats.recent)[since:]
+    busy = [r for r in rounds if r.delivered]
+    if not rounds:
+        return {"rounds": 0}
+    stages: dict[str, list[float]] = {}
+    for r in busy:
+        for name, seconds in r.stages.items():
+            stages.setdefault(name, []).append(seconds)
+    return {
+        "rounds": len(rounds),
+        "delivering_rounds": len(busy),
+        "round_mean_s": _mean([r.seconds for r in busy]),
+        "round_p95_s": _pct([r.seconds for r in busy], 0.95),
+        "idle_round_mean_s": _mean([r.seconds for r in rounds if not r.delivered]),
+        "stage_mean_s": {name: _mean(values) for name, values in stages.items()},
+        "files_read_mean": _mean([r.files_read for r in rounds]),
+        "rows_read_mean": _mean([r.rows_read for r in rounds]),
+        "files_read_max": max(r.files_read for r in rounds),
+    }
+
+
+def stamp_stats(engine: Engine, since_batch: int) -> dict[str, Any]:
+    """Stamping micro-batches after ``since_batch``: durations by Spark's stages."""
+    query = next((q for q in engine.queries if q.name == "delayq-stamp"), None)
+    progress = [p for p in (query.recentProgress if query else []) if p["batchId"] > since_batch]
+    busy = [p for p in progress if p["numInputRows"]]
+    if not busy:
+        return {"batches": 0}
+    durations: dict[str, list[float]] = {}
+    for p in busy:
+        for name, ms in p["durationMs"].items():
+            durations.setdefault(name, []).append(ms / 1000)
+    return {
+        "batches": len(busy),
+        "rows_per_batch_mean": _mean([p["numInputRows"] for p in busy]),
+        "stage_mean_s": {name: _mean(v) for name, v in sorted(durations.items())},
+    }
+
+
+def _last_stamp_batch(engine: Engine) -> int:
+    query = next((q for q in engine.queries if q.name == "delayq-stamp"), None)
+    last = query.lastProgress if query else None
+    return int(last["batchId"]) if last else -1
+
+
+def _mean(values: Sequence[float]) -> float | None:
+    return round(statistics.fmean(values), 3) if values else None
+
+
+def _pct(values: Sequence[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return round(ordered[min(len(ordered) - 1, int(q * len(ordered)))], 3)
+
+
+# --------------------------------------------------------------------------- workloads
+
+
+@dataclass
+class Bench:
+    """One benchmark run: a session, a plan, an output folder, and the results so far."""
+
+    spark: SparkSession
+    base: EngineConfig
+    plan: BenchPlan
+    out_dir: Path
+    say: Callable[[str], None] = print
+    results: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.memory = MemorySampler(self.spark)
+        self.memory.start()
+        self.stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+        self.lake_root = self.out_dir / f"lakehouse-{self.stamp}"
+
+    def cfg(self, name: str) -> EngineConfig:
+        """A config on a fresh lakehouse for one workload."""
+        path = self.lake_root / name
+        shutil.rmtree(path, ignore_errors=True)
+        return self.base.with_overrides(
+            lakehouse=str(path),
+            levels=parse_levels(BENCH_LEVELS),
+            register_tables=False,
+            database=f"bench_{name}".replace("-", "_"),
+        )
+
+    @contextmanager
+    def engine(self, cfg: EngineConfig) -> Iterator[Engine]:
+        """A started engine, warm (both streams through a first batch), stopped after."""
+        engine = Engine(self.spark, cfg, out=lambda line: log.info(line))
+        engine.start()
+        engine.wait_until_warm()
+        try:
+            yield engine
+        finally:
+            engine.stop()
+
+    def drain(self, engine: Engine, timeout: float) -> bool:
+        """Wait until every sent message is delivered; false on timeout."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            engine.check_queries()
+            if engine.status().idle:
+                return True
+            time.sleep(0.5)
+        return False
+
+    def load(
+        self,
+        engine: Engine,
+        cfg: EngineConfig,
+        rate: int,
+        seconds: float,
+        tag: str,
+        topics: int = 1,
+    ) -> dict[str, Any]:
+        """Run a producer at ``rate`` and measure until it is all delivered."""
+        first_round = len(engine.stats.recent)
+        first_batch = _last_stamp_batch(engine)
+        self.memory.reset()
+        producer = Producer(self.spark, cfg, rate, seconds, tag, topics)
+        producer.start()
+        producer.join()
+        if producer.error is not None:
+            raise producer.error
+        drained = self.drain(engine, self.plan.drain_seconds)
+        result: dict[str, Any] = {
+            "rate_target": rate,
+            "seconds": seconds,
+            "topics": topics,
+            "sent": producer.sent,
+            "rate_achieved": round(producer.sent / max(producer.elapsed, 1e-9)),
+            "send_mean_s": _mean(producer.send_seconds),
+            "drained": drained,
+        }
+        result.update(lateness(visible_rows(self.spark, cfg, tag), producer.sent))
+        result["delivery"] = round_stats(engine, first_round)
+        result["stamping"] = stamp_stats(engine, first_batch)
+        result["memory_peak"] = self.memory.reset()
+        return result
+
+    def steady(self) -> list[dict[str, Any]]:
+        """Step the rate up until the engine falls behind."""
+        steps = []
+        cfg = self.cfg("steady")
+        with self.engine(cfg) as engine:
+            for rate in self.plan.rates:
+                self.say(f"steady: {rate} msg/s for {self.plan.step_seconds} s")
+                step = self.load(engine, cfg, rate, self.plan.step_seconds, f"steady-{rate}")
+                steps.append(step)
+                self.say("  " + _brief(step))
+                behind = (step["late_p99_ms"] or 0) > BEHIND_P99_MS or step["missing"]
+                if behind or step["rate_achieved"] < 0.8 * rate:
+                    self.say("  the engine (or the producer) fell behind: stopping the steps")
+                    break
+        return steps
+
+    def backlog(self) -> list[dict[str, Any]]:
+        """The same load with 0 .. N messages waiting days ahead."""
+        runs = []
+        for size in self.plan.backlogs:
+            cfg = self.cfg(f"backlog-{size}")
+            self.say(f"backlog: {size:,} timers 2 days ahead, then {self.plan.backlog_rate} msg/s")
+            loaded = self.preload(cfg, size)
+            with self.engine(cfg) as engine:
+                run = self.load(
+                    engine, cfg, self.plan.backlog_rate, self.plan.step_seconds, f"backlog-{size}"
+                )
+            run.update(backlog=size, preload_seconds=loaded)
+            runs.append(run)
+            self.say("  " + _brief(run))
+        return runs
+
+    def preload(self, cfg: EngineConfig, size: int) -> float:
+        """Send and stamp ``size`` timers two days ahead (chunks of 1M); seconds taken."""
+        started = time.monotonic()
+        if size:
+            at = SystemClock().now() + timedelta(days=2)
+            chunk = 1_000_000
+            for offset in range(0, size, chunk):
+                n = min(chunk, size - offset)
+                far = load_frame(self.spark, n, "parked", 1, at, timer_share=1.0).withColumn(
+                    "body", F.lit("parked")
+                )
+                send_df(self.spark, cfg, far)
+            Engine(self.spark, cfg, out=lambda line: log.info(line)).stamp_available()
+        return round(time.monotonic() - started, 1)
+
+    def spike(self) -> dict[str, Any]:
+        """``spike`` messages due at one instant T, and 1,000 due at T + 1 s."""
+        size = self.plan.spike
+        cfg = self.cfg("spike")
+        with self.engine(cfg) as engine:
+            first_round = len(engine.stats.recent)
+            self.memory.reset()
+            lead = 10 + 40 * size // 1_000_000  # time to send and stamp the spike
+            instant = SystemClock().now().replace(microsecond=0) + timedelta(seconds=lead)
+            self.say(f"spike: {size:,} messages due at one instant ({lead} s from now)")
+            spike = self.spark.range(size).select(
+                F.lit("bench_spike").alias("topic"),
+                F.lit("spike").alias("body"),
+                F.lit("spike").alias("tags"),
+                F.lit(instant).alias("deliver_at"),
+            )
+            sent_at = time.monotonic()
+            send_df(self.spark, cfg, spike)
+            send_seconds = time.monotonic() - sent_at
+            after = self.spark.range(1000).select(
+                F.lit("bench_after").alias("topic"),
+                F.lit("after").alias("body"),
+                F.lit("after").alias("tags"),
+                F.lit(instant + timedelta(seconds=1)).alias("deliver_at"),
+            )
+            send_df(self.spark, cfg, after)
+            stamped_by = None
+            while SystemClock().now() < instant + timedelta(seconds=self.plan.drain_seconds):
+                status = engine.status()
+                if stamped_by is None and status.unstamped == 0:
+                    stamped_by = SystemClock().now()
+                if status.idle:
+                    break
+                time.sleep(0.5)
+            rows = visible_rows(self.spark, cfg, "spike")
+            last = rows.agg(F.max("visible_ms"), F.count(F.lit(1))).first()
+            assert last is not None
+            result: dict[str, Any] = {
+                "size": size,
+                "send_seconds": round(send_seconds, 1),
+                "stamped_before_instant": bool(stamped_by and stamped_by < instant),
+                "last_visible_after_instant_s": (
+                    round((last[0] - to_millis(instant)) / 1000, 2) if last[0] else None
+                ),
+                "spike": lateness(rows, size),
+                "after_1s": lateness(visible_rows(self.spark, cfg, "after"), 1000),
+                "delivery": round_stats(engine, first_round),
+                "memory_peak": self.memory.reset(),
+            }
+        self.say(
+            f"  last spike row visible {result['last_visible_after_instant_s']} s after the "
+            f"instant; messages due 1 s later: p99 {result['after_1s']['late_p99_ms']} ms"
+        )
+        return result
+
+    def fanout(self) -> list[dict[str, Any]]:
+        """The same rate over 1, 10 and 100 topics."""
+        runs = []
+        for topics in self.plan.fanouts:
+            cfg = self.cfg(f"fanout-{topics}")
+            self.say(f"fanout: {self.plan.fanout_rate} msg/s over {topics} topic(s)")
+            with self.engine(cfg) as engine:
+                run = self.load(
+                    engine,
+                    cfg,
+                    self.plan.fanout_rate,
+                    self.plan.step_seconds,
+                    f"fanout-{topics}",
+                    topics,
+                )
+            runs.append(run)
+            self.say("  " + _brief(run))
+        return runs
+
+    def run(self, workloads: Sequence[str]) -> dict[str, Any]:
+        """Run the workloads, write JSON and PNG, and return the results."""
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        started = time.monotonic()
+        self.results = {"settings": self.settings(), "workloads": {}}
+        try:
+            for name in workloads:
+                self.results["workloads"][name] = getattr(self, name)()
+        finally:
+            self.memory.stop()
+            self.results["seconds"] = round(time.monotonic() - started)
+            self.write()
+        return self.results
+
+    def settings(self) -> dict[str, Any]:
+        """Versions and settings of this run."""
+        import delta
+        import pyspark
+
+        view = jvm(self.spark)
+        return {
+            "mode": self.plan.mode,
+            "plan": asdict(self.plan),
+            "started_utc": self.stamp,
+            "cpu_count": os.cpu_count(),
+            "python": platform.python_version(),
+            "pyspark": pyspark.__version__,
+            "delta_spark": getattr(delta, "__version__", "see pip"),
+            "java": str(view.java.lang.System.getProperty("java.version")),
+            "spark_master": self.spark.sparkContext.master,
+            "driver_memory": self.spark.conf.get("spark.driver.memory", "1g"),
+            "levels": BENCH_LEVELS,
+            "stamp_interval_ms": self.base.stamp_interval_ms,
+            "poll_interval_ms": self.base.poll_interval_ms,
+            "stamp_max_rows_per_file": self.base.stamp_file_rows,
+            "spark_conf": dict(self.base.spark_conf),
+        }
+
+    def write(self) -> None:
+        """Write ``<stamp>-<mode>.json`` and ``.png``; remove the bench lakehouses."""
+        stem = self.out_dir / f"{self.stamp}-{self.plan.mode}"
+        Path(f"{stem}.json").write_text(json.dumps(self.results, indent=2, default=str))
+        try:
+            chart(self.results, Path(f"{stem}.png"))
+        except Exception:  # a chart must not lose the figures
+            log.exception("chart failed")
+        shutil.rmtree(self.lake_root, ignore_errors=True)
+        self.say(f"\nresults: {stem}.json\nchart:   {stem}.png")
+
+
+def _brief(r: dict[str, Any]) -> str:
+    return (
+        f"sent {r['sent']:,} at {r['rate_achieved']:,}/s | delivered {r['delivered']:,} | "
+        f"late p50/p99/max {r['late_p50_ms']}/{r['late_p99_ms']}/{r['late_max_ms']} ms | "
+        f"early {r['early']} dup {r['duplicates']} missing {r['missing']} | "
+        f"round {r['delivery'].get('round_mean_s')} s"
+    )
+
+
+# --------------------------------------------------------------------------- report
+
+
+def table(results: dict[str, Any]) -> str:
+    """The short table printed at the end."""
+    lines = [
+        f"{'workload':<22}{'msg/s':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'max ms':>9}"
+        f"{'early':>6}{'dup':>5}{'miss':>6}{'round s':>9}{'files':>7}{'heap MB':>9}"
+    ]
+    work = results["workloads"]
+    rows: list[tuple[str, dict[str, Any]]] = []
+    rows += [(f"steady {r['rate_target']:,}/s", r) for r in work.get("steady", [])]
+    rows += [(f"backlog {r['backlog']:,}", r) for r in work.get("backlog", [])]
+    rows += [(f"fanout {r['topics']} topics", r) for r in work.get("fanout", [])]
+    for name, r in rows:
+        d = r["delivery"]
+        lines.append(
+            f"{name:<22}{r['rate_achieved']:>8,}{_n(r['late_p50_ms']):>9}{_n(r['late_p95_ms']):>9}"
+            f"{_n(r['late_p99_ms']):>9}{_n(r['late_max_ms']):>9}{r['early']:>6}"
+            f"{r['duplicates']:>5}{r['missing']:>6}{_n(d.get('round_mean_s')):>9}"
+            f"{_n(d.get('files_read_mean')):>7}{_n(r['memory_peak'].get('jvm_heap_used_mb')):>9}"
+        )
+    spike = work.get("spike")
+    if spike:
+        s = spike["spike"]
+        lines.append(
+            f"spike {spike['size']:,}: last row visible {spike['last_visible_after_instant_s']} s "
+            f"after the instant (early {s['early']}, dup {s['duplicates']}, missing "
+            f"{s['missing']}); due 1 s later: p50/p99 {spike['after_1s']['late_p50_ms']}/"
+            f"{spike['after_1s']['late_p99_ms']} ms"
+        )
+    return "\n".join(lines)
+
+
+def _n(value: object) -> str:
+    if value is None:
+        return "-"
+    if isinstance(value, float):
+        return f"{value:,.2f}" if value < 100 else f"{value:,.0f}"
+    return f"{value:,}" if isinstance(value, int) else str(value)
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    """A 2x2 PNG: steady lateness by rate, backlog round time, spike, fan-out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    work = results["workloads"]
+    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    settings = results["settings"]
+    fig.suptitle(
+        f"delayq benchmark ({settings['mode']}, {settings['cpu_count']} cores, "
+        f"{settings['started_utc']})"
+    )
+
+    def lateness_panel(ax: Any, runs: list[dict[str, Any]], x: str, label: str) -> None:
+        xs = [r[x] for r in runs]
+        for q in ("p50", "p95", "p99"):
+            ax.plot(xs, [(r[f"late_{q}_ms"] or 0) / 1000 for r in runs], marker="o", label=q)
+        ax.set_xlabel(label)
+        ax.set_ylabel("lateness (s)")
+        ax.legend()
+        ax.grid(alpha=0.3)
+
+    if work.get("steady"):
+        ax = axes[0][0]
+        lateness_panel(ax, work["steady"], "rate_achieved", "achieved msg/s")
+        ax.set_xscale("log")
+        ax.set_title("steady: lateness by rate")
+    if work.get("backlog"):
+        ax = axes[0][1]
+        runs = work["backlog"]
+        xs = [max(r["backlog"], 1) for r in runs]
+        ax.plot(
+            xs,
+            [r["delivery"].get("round_mean_s") or 0 for r in runs],
+            marker="o",
+            label="round mean (s)",
+        )
+        ax.plot(
+            xs, [(r["late_p99_ms"] or 0) / 1000 for r in runs], marker="o", label="lateness p99 (s)"
+        )
+        ax.set_xscale("log")
+        ax.set_xlabel("messages waiting days ahead")
+        ax.set_title("backlog: flat is good")
+        ax.legend()
+        ax.grid(alpha=0.3)
+    if work.get("spike"):
+        ax = axes[1][0]
+        s = work["spike"]
+        labels = ["spike: last row", "due +1 s: p50", "due +1 s: p99"]
+        values = [
+            s["last_visible_after_instant_s"] or 0,
+            (s["after_1s"]["late_p50_ms"] or 0) / 1000,
+            (s["after_1s"]["late_p99_ms"] or 0) / 1000,
+        ]
+        ax.bar(labels, values, color=["tab:red", "tab:blue", "tab:blue"])
+        ax.set_ylabel("seconds after due")
+        ax.set_title(f"spike: {s['size']:,} due at one instant")
+    if work.get("fanout"):
+        ax = axes[1][1]
+        lateness_panel(ax, work["fanout"], "topics", "topics")
+        ax.set_xscale("log")
+        ax.set_title("fan-out: lateness by topic count")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+
+
+WORKLOADS = ("steady", "backlog", "spike", "fanout")
+
+__all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]

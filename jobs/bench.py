@@ -1,0 +1,59 @@
+"""The benchmark as a Spark application (``make bench``; ``make bench MODE=full``).
+
+    .venv/bin/spark-submit --properties-file .jars/spark-defaults.conf --driver-memory 8g \\
+        jobs/bench.py [--mode quick|full] [--workloads steady,backlog,spike,fanout] \\
+        [--out bench/out] [--set key=value ...]
+
+Writes ``<out>/<UTC time>-<mode>.json`` and ``.png`` and prints a short table. Quick mode
+takes about ten minutes on 2 cores; full mode about an hour (see ``engine.bench``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from engine.bench import PLANS, WORKLOADS, Bench, table
+from engine.cli import config_from_args
+from engine.errors import DelayQError
+from engine.session import build_spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, run the chosen workloads, print the table."""
+    parser = argparse.ArgumentParser(
+        prog="bench.py", description="Benchmark the engine: throughput, lateness, backlog, ..."
+    )
+    parser.add_argument("--mode", choices=sorted(PLANS), default="quick", help="default quick")
+    parser.add_argument(
+        "--workloads",
+        default=",".join(WORKLOADS),
+        help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)",
+    )
+    parser.add_argument("--out", default="bench/out", help="output folder (default bench/out)")
+    parser.add_argument("--conf", metavar="FILE", help="TOML config (default conf/engine.toml)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
+    args = parser.parse_args(argv)
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    unknown = sorted(set(chosen) - set(WORKLOADS))
+    if unknown:
+        parser.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
+    try:
+        cfg = config_from_args(args)
+        spark = build_spark(cfg)
+        bench = Bench(spark, cfg, PLANS[args.mode], Path(args.out))
+        print(f"delayq bench ({args.mode}): {', '.join(chosen)}")
+        results = bench.run(chosen)
+    except DelayQError as err:
+        print(f"bench: error: {err}", file=sys.stderr)
+        return 2
+    print()
+    print(table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
