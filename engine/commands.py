@@ -9,8 +9,9 @@ from. So a cancel and a delivery of one message are decided in one place, once:
   the outcome *before* its topic writes and leaves the row out of them, and every later
   round leaves it out too;
 * the row was delivered by an earlier round: ``already_delivered``. Nothing changes;
-* the message is not stamped yet: a command by id waits (``commands.find_timeout``), then
-  answers ``not_found``. A command by key applies to what is stamped when it runs.
+* the message is sent but not stamped yet: a command by id waits for it. An id that is not
+  in ``commitlog`` (or was quarantined) answers ``not_found`` at once. A command by key
+  applies to what is stamped when it runs.
 
 A reschedule keeps the message id. It records the old row as ``rescheduled`` and appends a
 copy to ``schedule`` with ``revision + 1``, queue -1 (timer) and the new deliver time (a time
@@ -42,7 +43,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import Clock, SystemClock, from_millis
+from engine.clock import EPOCH, Clock, SystemClock, from_millis
 from engine.config import EngineConfig
 from engine.errors import InvalidMessageError
 from engine.producer import deliver_time
@@ -292,15 +293,22 @@ def _ts(ms: int | None) -> datetime | None:
 
 @dataclass(frozen=True)
 class Target:
-    """A ``schedule`` row a command may touch (light columns only)."""
+    """A ``schedule`` row a command may touch (light columns only).
+
+    ``deliver_us`` keeps ``deliver_ts`` to the microsecond (a ``deliver_at`` sent as a
+    Spark timestamp may carry them): compared with a watermark, a truncated time could call
+    a pending row delivered. ``source`` is the revision in the round's snapshot a row
+    written by this round's reschedule copies its columns from.
+    """
 
     msg_id: str
     revision: int
     topic: str | None
     keys: tuple[str, ...]
     queue_id: int
-    deliver_ms: int
+    deliver_us: int
     stamp_batch: int
+    source: int | None = None
 
 
 @dataclass(frozen=True)
@@ -309,11 +317,11 @@ class Resolution:
 
     Attributes:
         results: ``command_results`` rows to write.
-        new_rows: ``(msg_id, old_revision, new_revision, new_deliver_ts)`` per row a
-            reschedule appends to ``schedule``.
+        new_rows: ``(msg_id, source_revision, new_revision, new_deliver_ts)`` per row a
+            reschedule appends to ``schedule``; the source is the snapshot row it copies.
         removed: ``(msg_id, revision)`` of rows taken out of delivery by this round.
         removed_per_queue: how many of them per queue.
-        waiting: commands by id whose message is not stamped yet.
+        waiting: commands by id whose message is sent but not stamped yet.
     """
 
     results: list[dict[str, Any]]
@@ -378,7 +386,7 @@ def targets(
             "topic",
             "keys",
             "queue_id",
-            F.unix_millis("deliver_ts").alias("deliver_ms"),
+            F.unix_micros("deliver_ts").alias("deliver_us"),
             "stamp_batch",
         )
         .collect()
@@ -390,11 +398,42 @@ def targets(
             r["topic"],
             tuple(r["keys"] or ()),
             int(r["queue_id"]),
-            int(r["deliver_ms"]),
+            int(r["deliver_us"]),
             int(r["stamp_batch"]),
         )
         for r in rows
     ]
+
+
+def unstamped(
+    spark: SparkSession, layout: Layout, msg_ids: Iterable[str], known_sent: set[str]
+) -> tuple[set[str], dict[str, str]]:
+    """Which of ``msg_ids`` are in ``commitlog``, and the quarantine reason of those refused.
+
+    A message a client has the id of was committed to ``commitlog`` before the command was
+    issued, so an id absent from ``commitlog`` is unknown for good. ``known_sent`` ids are
+    not looked up in ``commitlog`` again (it only grows).
+    """
+    ids = sorted(set(msg_ids))
+    sent = set(ids) & known_sent
+    if set(ids) - sent:
+        sent |= {
+            r["msg_id"]
+            for r in spark.read.format("delta")
+            .load(layout.commitlog)
+            .where(F.col("msg_id").isin(sorted(set(ids) - sent)))
+            .select("msg_id")
+            .collect()
+        }
+    refused = {
+        r["msg_id"]: r["reason"]
+        for r in spark.read.format("delta")
+        .load(layout.quarantine)
+        .where(F.col("msg_id").isin(ids))
+        .select("msg_id", "reason")
+        .collect()
+    }
+    return sent, refused
 
 
 def removed_before(
@@ -431,9 +470,10 @@ def resolve(
     removed: set[tuple[str, int]],
     delivered_by: tuple[int, int],
     round_: int,
-    watermark_ms: int,
-    find_timeout_ms: int,
+    watermark_us: int,
     now: datetime,
+    sent: set[str] | None = None,
+    refused: Mapping[str, str] | None = None,
 ) -> Resolution:
     """Decide what each open command does; a pure function of its inputs.
 
@@ -441,14 +481,17 @@ def resolve(
         commands: open commands, in the order they were issued.
         rows: the ``schedule`` rows they name, from the round's snapshot.
         removed: rows already cancelled or rescheduled by earlier rounds.
-        delivered_by: ``(watermark_ms, stamp_batch)`` of the committed progress: a row
+        delivered_by: ``(watermark_us, stamp_batch)`` of the committed progress: a row
             with ``deliver_ts`` and ``stamp_batch`` both at or below them is delivered.
         round_: the deciding round.
-        watermark_ms: the round's watermark; a reschedule into the past is due just after
-            it, and a command by id older than ``find_timeout_ms`` gives up.
-        find_timeout_ms: how long a command by id waits for its message to be stamped.
+        watermark_us: the round's watermark; a reschedule into the past is due 1 ms after.
         now: ``decided_ts`` of the results.
+        sent: ids (of commands by id that match no row) found in ``commitlog``: such a
+            command waits for its message to be stamped.
+        refused: the quarantine reason of those ids the engine refused.
     """
+    sent = sent or set()
+    refused = refused or {}
     live: dict[tuple[str, int], Target] = {}
     delivered: set[tuple[str, int]] = set()
     revisions: dict[str, int] = {}
@@ -457,7 +500,7 @@ def resolve(
         revisions[row.msg_id] = max(revisions.get(row.msg_id, 0), row.revision)
         if name in removed:
             continue
-        if row.deliver_ms <= delivered_by[0] and row.stamp_batch <= delivered_by[1]:
+        if row.deliver_us <= delivered_by[0] and row.stamp_batch <= delivered_by[1]:
             delivered.add(name)
         else:
             live[name] = row
@@ -474,7 +517,7 @@ def resolve(
                 "revision": row.revision if row else None,
                 "topic": row.topic if row else command["topic"],
                 "queue_id": row.queue_id if row else None,
-                "deliver_ts": from_millis(row.deliver_ms) if row else None,
+                "deliver_ts": EPOCH + timedelta(microseconds=row.deliver_us) if row else None,
                 "new_revision": extra.get("new_revision"),
                 "new_deliver_ts": extra.get("new_deliver_ts"),
                 "detail": extra.get("detail"),
@@ -492,13 +535,15 @@ def resolve(
             out.removed_per_queue[row.queue_id] = out.removed_per_queue.get(row.queue_id, 0) + 1
             if command["action"] == RESCHEDULE:
                 new_revision = revisions[row.msg_id] = revisions[row.msg_id] + 1
-                due_ms = max(int(command["deliver_ms"]), watermark_ms + 1)
+                due_ms = max(int(command["deliver_ms"]), watermark_us // 1000 + 1)
                 new_ts = from_millis(due_ms)
-                out.new_rows.append((row.msg_id, row.revision, new_revision, new_ts))
+                source = row.revision if row.source is None else row.source
+                out.new_rows.append((row.msg_id, source, new_revision, new_ts))
                 # The new row can be cancelled or moved again by a later command.
                 live[(row.msg_id, new_revision)] = Target(
-                    row.msg_id, new_revision, row.topic, row.keys, RESCHEDULE_QUEUE, due_ms, -1
-                )
+                    row.msg_id, new_revision, row.topic, row.keys, RESCHEDULE_QUEUE,
+                    due_ms * 1000, -1, source,
+                )  # fmt: skip
                 record(command, RESCHEDULED, row, new_revision=new_revision, new_deliver_ts=new_ts)
             else:
                 record(command, CANCELLED, row)
@@ -509,8 +554,15 @@ def resolve(
             record(command, ALREADY_DELIVERED, None, detail=f"{what} was delivered")
         elif any(chosen(r) for r in rows):
             record(command, ALREADY_CANCELLED, None, detail=f"{what} was cancelled or moved")
-        elif command["msg_id"] and watermark_ms < command["issued_ms"] + find_timeout_ms:
-            waiting += 1  # not stamped yet: ask again next round
+        elif command["msg_id"] in refused:
+            detail = f"{what} was quarantined: {refused[command['msg_id']]}"
+            record(command, NOT_FOUND, None, detail=detail)
+        elif command["msg_id"] in sent:
+            waiting += 1  # sent, not stamped yet: ask again next round
+        elif command["msg_id"]:
+            record(
+                command, NOT_FOUND, None, detail=f"no message was sent with id {command['msg_id']}"
+            )
         else:
             record(command, NOT_FOUND, None, detail=f"no scheduled {what}")
     return Resolution(out.results, out.new_rows, out.removed, out.removed_per_queue, waiting)

@@ -94,7 +94,6 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "delivery.poll_interval": ("poll_interval_ms", _duration),
     "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
     "delivery.progress_interval": ("progress_interval_ms", _duration),
-    "commands.find_timeout": ("find_timeout_ms", _duration),
     "spark.master": ("spark_master", _text),
     "spark.app_name": ("app_name", _text),
     "spark.jars_dir": ("jars_dir", _text),
@@ -123,8 +122,6 @@ class EngineConfig:
             recording progress (RocketMQ flushes delayOffset every 10 s; here a round
             that delivers anything always commits at once).
         progress_interval_ms: how often a running job prints its progress line.
-        find_timeout_ms: how long a cancel or reschedule by message id waits for its
-            message to be stamped before answering ``not_found``.
         spark_master: Spark master for sessions the engine builds itself.
         app_name: Spark application name.
         jars_dir: folder holding the JVM jars passed as ``spark.jars``.
@@ -145,7 +142,6 @@ class EngineConfig:
     poll_interval_ms: int = 200
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000
-    find_timeout_ms: int = 60_000
     spark_master: str = "local[2]"
     app_name: str = "delayq"
     jars_dir: str = ".jars"

@@ -15,13 +15,16 @@ Exactly once, across crashes and replays:
 
 1. a round that will write first records its plan (``status = planned``) in
    ``delay_offset``;
-2. each topic table gets one commit tagged ``delayq round k`` (``userMetadata``); a
-   replayed round skips the tables whose recent history holds its tag (and passes
-   ``txnAppId``/``txnVersion = k`` as well);
-3. then progress is committed (``status = committed``), never ahead of the delivery.
+2. it applies open cancel/reschedule commands (``engine.commands``): their outcomes go to
+   ``command_results`` and rescheduled rows to ``schedule`` (``txnVersion = k``), and the
+   rows they remove are left out of the topic writes;
+3. each topic table gets one commit tagged ``delayq round k checkpoint <id>``
+   (``userMetadata``); a replayed round skips the tables whose recent history holds its
+   tag (and passes ``txnAppId``/``txnVersion = k`` as well);
+4. then progress is committed (``status = committed``), never ahead of the delivery.
 
-After a crash between 2 and 3 the engine finds the plan and replays round ``k`` with the
-same ``W_k`` and ``V_k``: exactly the same rows, minus the topics already written.
+After a crash between 1 and 4 the engine finds the plan and replays round ``k`` with the
+same ``W_k``, ``V_k`` and commands version: exactly the same rows, minus the topics already written.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import EPOCH, Clock, from_millis, to_millis
+from engine.clock import EPOCH, Clock, from_millis
 from engine.commands import (
     REMOVING,
     RESCHEDULE_QUEUE,
@@ -49,6 +52,7 @@ from engine.commands import (
     resolve,
     results_frame,
     targets,
+    unstamped,
 )
 from engine.config import EngineConfig
 from engine.metrics import ScanMetrics, scan_metrics
@@ -68,7 +72,7 @@ log = logging.getLogger(__name__)
 COMMITTED = "committed"
 TOPIC_WRITERS = 4
 #: Commits of a topic table a replayed round looks through for its own.
-HISTORY_LOOKBACK = 100
+HISTORY_LOOKBACK = 1000
 PLANNED = "planned"
 
 
@@ -139,8 +143,9 @@ class RoundResult:
         seconds: wall time the round took.
         files_read: ``schedule`` files the round's scan read (after data skipping).
         rows_read: rows those files held (before the row filter).
-        stages: seconds per stage: ``plan`` (versions and commands), ``scan`` (find what
-            is due), ``topics`` (the topic writes), ``commit`` (progress).
+        stages: seconds per stage: ``plan`` (versions, deciding commands), ``scan`` (find
+            what is due), ``commands`` (writing their outcomes, when any), ``topics`` (the
+            topic writes), ``commit`` (progress).
     """
 
     round: int
@@ -332,6 +337,7 @@ class Delivery:
         self._schedule = VersionTracker(spark, layout.schedule)
         self._commands = VersionTracker(spark, layout.commands)
         self._open_commands = True  # unknown until the first round looks
+        self._sent_ids: set[str] = set()  # commands' ids known to be in commitlog
         self._any_removed = not (
             spark.read.format("delta")
             .load(layout.command_results)
@@ -444,15 +450,23 @@ class Delivery:
         if rows:
             earlier = removed_before(self.spark, self.layout, plan.round, {r.msg_id for r in rows})
             removed = {(r["msg_id"], int(r["revision"])) for r in earlier.collect()}
+        found = {r.msg_id for r in rows}
+        unmatched = {c["msg_id"] for c in commands if c["msg_id"] and c["msg_id"] not in found}
+        sent: set[str] = set()
+        refused: dict[str, str] = {}
+        if unmatched:
+            sent, refused = unstamped(self.spark, self.layout, unmatched, self._sent_ids)
+            self._sent_ids |= sent
         resolution = resolve(
             commands,
             rows,
             removed,
-            (to_millis(prev.watermark), prev.stamp_batch),
+            (_micros(prev.watermark), prev.stamp_batch),
             plan.round,
-            to_millis(plan.watermark),
-            self.cfg.find_timeout_ms,
+            _micros(plan.watermark),
             self.clock.now(),
+            sent,
+            refused,
         )
         self._open_commands = resolution.waiting > 0
         return resolution
@@ -656,6 +670,10 @@ class Delivery:
             rows_read=scanned.rows,
             stages=dict(self._stages),
         )
+
+
+def _micros(when: datetime) -> int:
+    return (when - EPOCH) // timedelta(microseconds=1)
 
 
 def _from_ms(ms: int | None) -> datetime | None:

@@ -132,13 +132,18 @@ class StampWriter:
             self._written[path] = highest_batch(df.sparkSession, path)
         if batch_id <= self._written[path]:
             return  # a replayed batch that reached this table before the crash
-        (
-            df.write.format("delta")
-            .mode("append")
-            .option("userMetadata", f"{STAMP_APP_ID} batch {batch_id}")
-            .option("maxRecordsPerFile", file_rows)
-            .save(path)
-        )
+        try:
+            (
+                df.write.format("delta")
+                .mode("append")
+                .option("userMetadata", f"{STAMP_APP_ID} batch {batch_id}")
+                .option("maxRecordsPerFile", file_rows)
+                .save(path)
+            )
+        except BaseException:
+            # The commit may have landed although the call failed: look it up again.
+            self._written.pop(path, None)
+            raise
         self._written[path] = batch_id
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from engine.clock import FakeClock, to_millis
 from engine.commands import (
@@ -23,9 +24,10 @@ from engine.config import EngineConfig
 from engine.delivery import Plan
 from engine.errors import InvalidMessageError
 from engine.inspect import history, pending
-from engine.producer import Message, send, send_many
+from engine.producer import Message, send, send_df, send_many
 from engine.runner import Engine
 from engine.tables import ensure_tables
+from schemas import COMMITLOG
 from tests.conftest import START, delivered_rows
 
 pytestmark = pytest.mark.integration
@@ -216,23 +218,76 @@ def test_reschedule_then_cancel_in_one_round(
     assert engine.status().idle
 
 
-def test_cancel_waits_for_stamping_then_gives_up(
-    spark: SparkSession, make_cfg: Any, clock: FakeClock
+def test_cancel_waits_for_stamping_however_long_and_unknown_ids_are_not_found(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
-    cfg = make_cfg(find_timeout_ms=2000)
     engine = quiet_engine(spark, cfg, clock)
     msg = send(spark, cfg, "orders", "fresh", delay_level=1, clock=clock)
+    bad = spark.createDataFrame(
+        [("BAD-1", None, b"no topic")], "msg_id string, topic string, body binary"
+    )
+    columns = [
+        F.col(f.name) if f.name in bad.columns else F.lit(None).cast(f.dataType).alias(f.name)
+        for f in COMMITLOG.fields
+    ]
+    commitlog = f"{cfg.lakehouse_path}/commitlog"
+    bad.select(*columns).write.format("delta").mode("append").save(commitlog)
     early = cancel(spark, cfg, msg, wait=0, clock=clock)
     unknown = cancel(spark, cfg, "NO-SUCH-ID", wait=0, clock=clock)
-    engine.delivery.run_round()  # the message is not stamped yet: both wait
-    assert result_of(spark, cfg, early.command_id, CANCEL).status == "pending"
-    engine.step()  # now it is stamped
-    assert result_of(spark, cfg, early.command_id, CANCEL).status == "cancelled"
-    assert result_of(spark, cfg, unknown.command_id, CANCEL).status == "pending"
-    clock.advance(seconds=3)
-    engine.step()
+    refused = cancel(spark, cfg, "BAD-1", wait=0, clock=clock)
+    for _ in range(2):  # stamping lags (here: does not run) for minutes
+        clock.advance(seconds=120)
+        engine.delivery.run_round()
+    assert result_of(spark, cfg, early.command_id, CANCEL).status == "pending", "still waits"
     gone = result_of(spark, cfg, unknown.command_id, CANCEL)
     assert gone.status == "not_found" and "NO-SUCH-ID" in gone.line()
+    engine.step()  # now it is stamped (and BAD-1 quarantined)
+    assert result_of(spark, cfg, early.command_id, CANCEL).status == "cancelled"
+    why = result_of(spark, cfg, refused.command_id, CANCEL)
+    assert why.status == "not_found" and "quarantined: topic is missing" in why.line()
+    clock.advance(seconds=5)
+    engine.step()
+    assert delivered_ids(spark, cfg) == []
+
+
+def test_two_reschedules_in_one_round_keep_the_message(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    msg = send(spark, cfg, "orders", "moved twice", delay_level=1, clock=clock)
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    reschedule(spark, cfg, msg, delay="10s", wait=0, clock=clock)
+    clock.advance(millis=1)
+    second = reschedule(spark, cfg, msg, delay="5s", wait=0, clock=clock)
+    engine.step()
+    done = result_of(spark, cfg, second.command_id, "reschedule")
+    assert done.status == "rescheduled" and done.outcomes[0].new_deliver_ts == START + timedelta(
+        seconds=5, milliseconds=1
+    )
+    clock.advance(seconds=6)
+    engine.step()
+    assert delivered_ids(spark, cfg) == [msg], "delivered once, at the last time asked"
+    assert engine.status().idle
+
+
+def test_cancel_of_a_time_with_microseconds_holds(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    due = START + timedelta(seconds=1, microseconds=700)
+    frame = spark.createDataFrame(
+        [("orders", "µs", due)], "topic string, body string, deliver_at timestamp"
+    )
+    send_df(spark, cfg, frame, clock)
+    msg = spark.read.format("delta").load(f"{cfg.lakehouse_path}/commitlog").first()["msg_id"]  # type: ignore[index]
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    asked = cancel(spark, cfg, msg, wait=0, clock=clock)
+    engine.step()
+    assert result_of(spark, cfg, asked.command_id, CANCEL).status == "cancelled"
+    clock.set(START + timedelta(seconds=1))  # a watermark just below the deliver time
+    engine.step()
+    clock.set(START + timedelta(seconds=2))
+    engine.step()
     assert delivered_ids(spark, cfg) == []
 
 
@@ -270,7 +325,7 @@ def test_cancel_with_an_engine_running_returns_the_outcome(
 
 
 def _target(msg_id: str, deliver_ms: int, batch: int = 0, revision: int = 0) -> Target:
-    return Target(msg_id, revision, "orders", ("k",), 1, deliver_ms, batch)
+    return Target(msg_id, revision, "orders", ("k",), 1, deliver_ms * 1000, batch)
 
 
 def _command(action: str, msg_id: str | None = None, key: str | None = None) -> dict[str, Any]:
@@ -283,7 +338,7 @@ def test_resolve_is_a_pure_decision() -> None:
     out = resolve(
         [_command("cancel", "delivered"), _command("cancel", "live"), _command("cancel", "late"),
          _command("reschedule", key="k")],
-        rows, set(), (2_000, 2), 7, 10_000, 60_000, START,
+        rows, set(), (2_000_000, 2), 7, 10_000_000, START,
     )  # fmt: skip
     by_msg = {(r["command_id"], r["msg_id"]): r["result"] for r in out.results}
     assert by_msg[("c-cancel-delivered", "delivered")] == "already_delivered"
@@ -292,11 +347,18 @@ def test_resolve_is_a_pure_decision() -> None:
     assert by_msg[("c-reschedule-k", None)] == "already_delivered", "nothing left for the key"
     assert out.removed_per_queue == {1: 2} and out.waiting == 0
     moved = resolve(
-        [_command("reschedule", "live")], rows, set(), (2_000, 2), 7, 60_000, 60_000, START
+        [_command("reschedule", "live")], rows, set(), (2_000_000, 2), 7, 60_000_000, START
     )
     ((msg, old, new, when),) = moved.new_rows
     assert (msg, old, new) == ("live", 0, 1)
     assert to_millis(when) == 60_001, "a time already past is due just after the watermark"
+    twice = [_command("reschedule", "live"), {**_command("reschedule", "live"), "command_id": "c2"}]
+    chain = resolve(twice, rows, set(), (2_000_000, 2), 7, 10_000_000, START)
+    assert [(m, src, new) for m, src, new, _ in chain.new_rows] == [("live", 0, 1), ("live", 0, 2)]
+    unknown = resolve([_command("cancel", "nope")], [], set(), (0, 0), 7, 0, START, sent=set())
+    assert unknown.results[0]["result"] == "not_found" and unknown.waiting == 0
+    waits = resolve([_command("cancel", "nope")], [], set(), (0, 0), 7, 0, START, sent={"nope"})
+    assert not waits.results and waits.waiting == 1
 
 
 def test_issue_records_who_and_when(
