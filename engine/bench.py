@@ -400,6 +400,13 @@ class Bench:
         result["memory_peak"] = self.memory.reset()
         return result
 
+    def warm_up(self) -> None:
+        """A short unmeasured load: the first batches of a fresh JVM are several times slower."""
+        cfg = self.cfg("warm-up")
+        self.say("warm-up: 15 s at 200 msg/s (not measured)")
+        with self.engine(cfg) as engine:
+            self.load(engine, cfg, 200, 15, "warm-up")
+
     def steady(self) -> list[dict[str, Any]]:
         """Step the rate up until the engine falls behind."""
         steps = []
@@ -527,6 +534,7 @@ class Bench:
         started = time.monotonic()
         self.results = {"settings": self.settings(), "workloads": {}}
         try:
+            self.warm_up()
             for name in workloads:
                 self.results["workloads"][name] = getattr(self, name)()
         finally:

@@ -94,6 +94,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "delivery.poll_interval": ("poll_interval_ms", _duration),
     "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
     "delivery.progress_interval": ("progress_interval_ms", _duration),
+    "delivery.topic_writers": ("topic_writers", _positive_int),
     "spark.master": ("spark_master", _text),
     "spark.app_name": ("app_name", _text),
     "spark.jars_dir": ("jars_dir", _text),
@@ -122,6 +123,8 @@ class EngineConfig:
             recording progress (RocketMQ flushes delayOffset every 10 s; here a round
             that delivers anything always commits at once).
         progress_interval_ms: how often a running job prints its progress line.
+        topic_writers: topic tables a round writes at the same time (each is one Delta
+            commit, mostly waiting on storage and the driver).
         spark_master: Spark master for sessions the engine builds itself.
         app_name: Spark application name.
         jars_dir: folder holding the JVM jars passed as ``spark.jars``.
@@ -142,6 +145,7 @@ class EngineConfig:
     poll_interval_ms: int = 200
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000
+    topic_writers: int = 16
     spark_master: str = "local[2]"
     app_name: str = "delayq"
     jars_dir: str = ".jars"

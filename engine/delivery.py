@@ -70,7 +70,6 @@ from schemas import TOPIC, column_names
 log = logging.getLogger(__name__)
 
 COMMITTED = "committed"
-TOPIC_WRITERS = 4
 #: Commits of a topic table a replayed round looks through for its own.
 HISTORY_LOOKBACK = 1000
 PLANNED = "planned"
@@ -579,7 +578,7 @@ class Delivery:
             writer.save(self.layout.topic(name))
 
         # Each write is one Delta commit, mostly driver-side latency: overlap them.
-        with ThreadPoolExecutor(max_workers=TOPIC_WRITERS) as pool:
+        with ThreadPoolExecutor(max_workers=self.cfg.topic_writers) as pool:
             list(pool.map(write, sorted(per_table)))
         for name in sorted(per_table):
             if self.cfg.register_tables and name not in self._known_topics:
