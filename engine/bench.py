@@ -107,7 +107,11 @@ def load_frame(
 
 
 class Producer(threading.Thread):
-    """Sends ``rate`` messages per second, one commit per second, for ``seconds``."""
+    """Sends ``rate`` messages per second for ``seconds``, batching like a real producer.
+
+    Each commit carries what is due since the previous one (``rate`` x elapsed): when a
+    send takes longer than a second, the next is larger instead of the rate falling.
+    """
 
     def __init__(
         self,
@@ -133,9 +137,11 @@ class Producer(threading.Thread):
         try:
             while time.monotonic() - started < self.seconds:
                 t = time.monotonic()
-                frame = load_frame(self.spark, self.rate, f"{self.tag}", self.topics, clock.now())
-                self.sent += send_df(self.spark, self.cfg, frame, clock)
-                self.send_seconds.append(time.monotonic() - t)
+                due = round(self.rate * min(t - started + 1, self.seconds)) - self.sent
+                if due > 0:
+                    frame = load_frame(self.spark, due, f"{self.tag}", self.topics, clock.now())
+                    self.sent += send_df(self.spark, self.cfg, frame, clock)
+                    self.send_seconds.append(time.monotonic() - t)
                 tick += 1
                 time.sleep(max(0.0, started + tick - time.monotonic()))
         except BaseException as err:  # reported by the workload
