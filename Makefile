@@ -66,7 +66,7 @@ test: setup check ## Set up, lint, type-check and run the whole test suite
 test-quick: setup ## Run only the fast tests (no Spark)
 	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
 
-bench: setup ## Benchmark (MODE=quick, ~10 min, or MODE=full): JSON + PNG in bench/out/
+bench: setup ## Benchmark (MODE=quick, ~15-20 min, or MODE=full): JSON + PNG in bench/out/
 	$(SUBMIT) --driver-memory 12g jobs/bench.py --mode $(MODE) $(BENCH_ARGS)
 
 check: lint typecheck ## ruff and mypy

@@ -5,7 +5,7 @@
         [--out bench/out] [--set key=value ...]
 
 Writes ``<out>/<UTC time>-<mode>.json`` and ``.png`` and prints a short table. Quick mode
-takes about ten minutes on 2 cores; full mode about an hour (see ``engine.bench``).
+takes 15-20 minutes on 2 cores; full mode over an hour (see ``engine.bench``).
 """
 
 from __future__ import annotations
