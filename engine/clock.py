@@ -74,6 +74,17 @@ def from_millis(ms: int) -> datetime:
     return EPOCH + timedelta(milliseconds=ms)
 
 
+def to_micros(when: datetime) -> int:
+    """Microseconds since the epoch for an aware datetime (Spark's timestamp precision)."""
+    _require_aware(when)
+    return (when - EPOCH) // timedelta(microseconds=1)
+
+
+def from_micros(us: int) -> datetime:
+    """The aware UTC datetime for microseconds since the epoch."""
+    return EPOCH + timedelta(microseconds=us)
+
+
 def _require_aware(when: datetime) -> None:
     if when.tzinfo is None or when.utcoffset() is None:
         raise ValueError(f"naive datetime {when!r}: all engine times are timezone-aware UTC")

@@ -43,7 +43,7 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import EPOCH, Clock, SystemClock, from_millis
+from engine.clock import Clock, SystemClock, from_micros, from_millis
 from engine.config import EngineConfig
 from engine.errors import InvalidMessageError
 from engine.producer import deliver_time
@@ -517,7 +517,7 @@ def resolve(
                 "revision": row.revision if row else None,
                 "topic": row.topic if row else command["topic"],
                 "queue_id": row.queue_id if row else None,
-                "deliver_ts": EPOCH + timedelta(microseconds=row.deliver_us) if row else None,
+                "deliver_ts": from_micros(row.deliver_us) if row else None,
                 "new_revision": extra.get("new_revision"),
                 "new_deliver_ts": extra.get("new_deliver_ts"),
                 "detail": extra.get("detail"),

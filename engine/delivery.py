@@ -41,7 +41,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import EPOCH, Clock, from_millis
+from engine.clock import EPOCH, Clock, from_millis, to_micros
 from engine.commands import (
     REMOVING,
     RESCHEDULE_QUEUE,
@@ -460,9 +460,9 @@ class Delivery:
             commands,
             rows,
             removed,
-            (_micros(prev.watermark), prev.stamp_batch),
+            (to_micros(prev.watermark), prev.stamp_batch),
             plan.round,
-            _micros(plan.watermark),
+            to_micros(plan.watermark),
             self.clock.now(),
             sent,
             refused,
@@ -669,10 +669,6 @@ class Delivery:
             rows_read=scanned.rows,
             stages=dict(self._stages),
         )
-
-
-def _micros(when: datetime) -> int:
-    return (when - EPOCH) // timedelta(microseconds=1)
 
 
 def _from_ms(ms: int | None) -> datetime | None:

@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from engine.clock import FakeClock, SystemClock, from_millis, to_millis
+from engine.clock import FakeClock, SystemClock, from_micros, from_millis, to_micros, to_millis
 
 
 def test_fake_clock_moves_only_when_told() -> None:
@@ -29,3 +29,9 @@ def test_system_clock_is_utc_and_millisecond_precise() -> None:
 def test_millis_round_trip() -> None:
     when = datetime(2026, 1, 1, 0, 0, 0, 123_000, tzinfo=UTC)
     assert from_millis(to_millis(when)) == when
+
+
+def test_micros_round_trip_keeps_spark_precision() -> None:
+    when = datetime(2026, 1, 1, 0, 0, 1, 700, tzinfo=UTC)
+    assert to_micros(when) - to_micros(datetime(2026, 1, 1, tzinfo=UTC)) == 1_000_700
+    assert from_micros(to_micros(when)) == when
