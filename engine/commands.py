@@ -47,7 +47,7 @@ from engine.clock import Clock, SystemClock, from_micros, from_millis
 from engine.config import EngineConfig
 from engine.errors import InvalidMessageError
 from engine.producer import deliver_time
-from engine.tables import Layout, check_topic, ensure_tables
+from engine.tables import Layout, check_topic, ensure_tables, layout
 from schemas import COMMAND_RESULTS, COMMANDS, column_names
 
 CANCEL = "cancel"
@@ -149,7 +149,7 @@ def result_of(
     """The outcome of a command so far (``pending`` while no engine has decided it)."""
     rows = (
         spark.read.format("delta")
-        .load(Layout(cfg.lakehouse_path).command_results)
+        .load(layout(cfg).command_results)
         .where(F.col("command_id") == command_id)
         .select(
             "result",
