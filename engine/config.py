@@ -17,7 +17,7 @@ import os
 import re
 import tomllib
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -81,6 +81,69 @@ def _bool(key: str, value: object) -> bool:
     raise ConfigError(key, value, "expected true or false")
 
 
+#: RocketMQ's maxReconsumeTimes default: a message failed this many times more goes to the
+#: dead-letter table.
+DEFAULT_MAX_RECONSUME_TIMES = 16
+#: RocketMQ's retry delay: level 3 + reconsumeTimes of the engine's level table.
+RETRY_FIRST_LEVEL = 3
+
+
+@dataclass(frozen=True)
+class GroupConfig:
+    """How one consumer group retries failed messages.
+
+    Attributes:
+        max_reconsume_times: a message that already came back this many times goes to the
+            group's dead-letter topic when it fails again (RocketMQ's maxReconsumeTimes).
+        retry_delays: ``None`` for RocketMQ's schedule, delay level 3 + reconsumeTimes of
+            the engine's level table (``10s 30s 1m ... 2h`` by default); otherwise the
+            delay of the 1st, 2nd, ... retry in milliseconds, the last repeating.
+        poll_timeout_ms: how long a poll with nothing new waits (RocketMQ holds 15 s).
+    """
+
+    max_reconsume_times: int = DEFAULT_MAX_RECONSUME_TIMES
+    retry_delays: tuple[int, ...] | None = None
+    poll_timeout_ms: int = 15_000
+
+    def __post_init__(self) -> None:
+        if self.max_reconsume_times < 0:
+            raise ConfigError(
+                "consumers.max_reconsume_times", self.max_reconsume_times, "must be >= 0"
+            )
+        if self.poll_timeout_ms < 0:
+            raise ConfigError("consumers.poll_timeout", self.poll_timeout_ms, "must be >= 0")
+
+
+def _retry_delays(key: str, value: object) -> tuple[int, ...] | None:
+    text = str(value).strip()
+    if text.lower() in ("", "levels"):
+        return None
+    return parse_levels(text, key).delays_ms
+
+
+def _timeout(key: str, value: object) -> int:
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        raise ConfigError(key, value, "give a unit, e.g. '15s'")
+    return parse_duration_ms(str(value), key)
+
+
+def _non_negative_int(key: str, value: object) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ConfigError(key, value, "expected a whole number") from None
+    if number < 0:
+        raise ConfigError(key, value, "must be 0 or more")
+    return number
+
+
+#: ``consumers.<setting>`` (every group) and ``consumers.groups.<group>.<setting>``.
+_GROUP_KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
+    "max_reconsume_times": ("max_reconsume_times", _non_negative_int),
+    "retry_delays": ("retry_delays", _retry_delays),
+    "poll_timeout": ("poll_timeout_ms", _timeout),
+}
+
 # key -> (attribute, parser). The defaults live on the dataclass fields below.
 _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "lakehouse.path": ("lakehouse", _text),
@@ -132,6 +195,9 @@ class EngineConfig:
         register_tables: register topic tables by name in the session catalog.
         spark_conf: extra Spark settings (``[spark.conf]`` in the file), on top of
             :data:`LOCAL_SPARK_CONF`.
+        consumers: retry settings of every consumer group (``[consumers]``).
+        groups: settings of named groups (``[consumers.groups.<name>]``), on top of
+            ``consumers``.
     """
 
     lakehouse: str = "lakehouse"
@@ -154,10 +220,14 @@ class EngineConfig:
     spark_conf: Mapping[str, str] = field(
         default_factory=lambda: MappingProxyType(dict(LOCAL_SPARK_CONF))
     )
+    consumers: GroupConfig = field(default_factory=GroupConfig)
+    groups: Mapping[str, GroupConfig] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if not isinstance(self.spark_conf, MappingProxyType):
             object.__setattr__(self, "spark_conf", MappingProxyType(dict(self.spark_conf)))
+        if not isinstance(self.groups, MappingProxyType):
+            object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
         if self.log_level.upper() not in {"ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
             raise ConfigError("spark.log_level", self.log_level, "expected e.g. WARN or INFO")
 
@@ -169,16 +239,31 @@ class EngineConfig:
         """
         values: dict[str, Any] = {}
         spark_conf: dict[str, str] = dict(LOCAL_SPARK_CONF)
+        defaults: dict[str, Any] = {}
+        groups: dict[str, dict[str, Any]] = {}
         for key, value in settings.items():
             if key.startswith("spark.conf."):
                 spark_conf[key.removeprefix("spark.conf.")] = str(value)
                 continue
+            if key.startswith("consumers."):
+                _group_setting(key, value, defaults, groups)
+                continue
             if key not in _KEYS:
-                known = ", ".join(sorted(_KEYS))
+                known = ", ".join(sorted([*_KEYS, *(f"consumers.{k}" for k in _GROUP_KEYS)]))
                 raise ConfigError(key, value, f"unknown key; known keys: {known}")
             attr, parse = _KEYS[key]
             values[attr] = parse(key, value)
-        return cls(**values, spark_conf=spark_conf)
+        consumers = GroupConfig(**defaults)
+        return cls(
+            **values,
+            spark_conf=spark_conf,
+            consumers=consumers,
+            groups={g: replace(consumers, **changes) for g, changes in groups.items()},
+        )
+
+    def group(self, name: str) -> GroupConfig:
+        """The settings of consumer group ``name``."""
+        return self.groups.get(name, self.consumers)
 
     def with_overrides(self, **changes: Any) -> EngineConfig:
         """A copy with some attributes replaced (by attribute name)."""
@@ -192,6 +277,22 @@ class EngineConfig:
         if "://" in self.lakehouse:
             return self.lakehouse.rstrip("/")
         return str(Path(self.lakehouse).expanduser().resolve())
+
+
+def _group_setting(
+    key: str, value: object, defaults: dict[str, Any], groups: dict[str, dict[str, Any]]
+) -> None:
+    parts = key.split(".")
+    if len(parts) == 2 and parts[1] in _GROUP_KEYS:
+        attr, parse = _GROUP_KEYS[parts[1]]
+        defaults[attr] = parse(key, value)
+        return
+    if len(parts) == 4 and parts[1] == "groups" and parts[3] in _GROUP_KEYS:
+        attr, parse = _GROUP_KEYS[parts[3]]
+        groups.setdefault(_identifier(key, parts[2]), {})[attr] = parse(key, value)
+        return
+    known = ", ".join(f"consumers[.groups.<group>].{k}" for k in _GROUP_KEYS)
+    raise ConfigError(key, value, f"unknown key; known consumer keys: {known}")
 
 
 def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
