@@ -49,3 +49,14 @@ class DeliveryError(DelayQError):
 
 class CheckpointError(DelayQError):
     """Raised when the delayOffset checkpoint is inconsistent with the tables it guards."""
+
+
+class ConsumerError(DelayQError):
+    """Raised when a consumer call is wrong: an unknown group or topic, an ack for a
+    message not in the current batch, a negative timeout, a poll before the last batch
+    was committed."""
+
+
+class ConsumerConflictError(RetryableError):
+    """Raised when another consumer of the same group committed first: this consumer's
+    batch was not committed, and its messages come again on the next poll."""

@@ -8,6 +8,7 @@ Layout under the lakehouse root::
     delay_offset/       the delivery checkpoint (per-queue progress)
     commands/           cancel and reschedule commands from users
     command_results/    what each command did
+    consumer_log/       consumer groups' commits (progress, failed messages)
     topics/<topic>/     one table per real topic
     _checkpoints/       Spark streaming checkpoints
 
@@ -30,16 +31,32 @@ from engine.config import EngineConfig
 from engine.errors import InvalidMessageError, SetupError
 from engine.fs import hadoop_path, jvm
 from engine.views import register_views
-from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, QUARANTINE, SCHEDULE, column_names
+from schemas import (
+    COMMAND_RESULTS,
+    COMMANDS,
+    COMMITLOG,
+    CONSUMER_LOG,
+    QUARANTINE,
+    SCHEDULE,
+    TOPIC,
+    column_names,
+)
 
 #: Topic names: a SQL identifier, so that the topic's table can be named in SQL.
 TOPIC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
 _TOPIC = re.compile(TOPIC_PATTERN)
 #: The engine's own tables share the database; topics may not take their names.
 _ENGINE_TABLES = ("commitlog", "schedule", "quarantine", "commands", "command_results")
+#: Tables made on first use; registered by name when present.
+_OPTIONAL_TABLES = ("consumer_log",)
+#: A consumer group's retry and dead-letter topics (RocketMQ's %RETRY%<group>, %DLQ%<group>).
+RETRY_PREFIX = "retry_"
+DLQ_PREFIX = "dlq_"
 #: (Spark application, lakehouse) pairs whose tables are known to exist and be current.
 _ENSURED: set[tuple[str, str]] = set()
-RESERVED_TOPICS = frozenset({*_ENGINE_TABLES, "delay_offset", "pending", "due_forecast"})
+RESERVED_TOPICS = frozenset(
+    {*_ENGINE_TABLES, *_OPTIONAL_TABLES, "delay_offset", "pending", "due_forecast", "consumer_lag"}
+)
 
 
 @dataclass(frozen=True)
@@ -79,6 +96,11 @@ class Layout:
         return f"{self.root}/command_results"
 
     @property
+    def consumer_log(self) -> str:
+        """Path of the ``consumer_log`` table (consumer groups' commits)."""
+        return f"{self.root}/consumer_log"
+
+    @property
     def topics(self) -> str:
         """Folder holding one table per topic."""
         return f"{self.root}/topics"
@@ -97,8 +119,12 @@ def layout(cfg: EngineConfig) -> Layout:
     return Layout(cfg.lakehouse_path)
 
 
-def check_topic(topic: object) -> str:
+def check_topic(topic: object, internal: bool = False) -> str:
     """Return ``topic`` if it is a valid topic name, else raise naming it.
+
+    Args:
+        topic: the name to check.
+        internal: allow the engine's own group topics (``retry_<group>``, ``dlq_<group>``).
 
     Raises:
         InvalidMessageError: when the name is missing, not an identifier, or reserved.
@@ -111,7 +137,32 @@ def check_topic(topic: object) -> str:
         )
     if topic.lower() in RESERVED_TOPICS:
         raise InvalidMessageError("topic", topic, "is the name of an engine table")
+    if not internal and topic.lower().startswith((RETRY_PREFIX, DLQ_PREFIX)):
+        raise InvalidMessageError(
+            "topic", topic, f"{RETRY_PREFIX}* and {DLQ_PREFIX}* are consumer groups' topics"
+        )
     return topic
+
+
+def retry_topic(group: str) -> str:
+    """The retry topic of consumer group ``group`` (RocketMQ's ``%RETRY%<group>``)."""
+    return f"{RETRY_PREFIX}{group.lower()}"
+
+
+def dlq_topic(group: str) -> str:
+    """The dead-letter topic of consumer group ``group`` (RocketMQ's ``%DLQ%<group>``)."""
+    return f"{DLQ_PREFIX}{group.lower()}"
+
+
+def ensure_topic_table(spark: SparkSession, cfg: EngineConfig, topic: str) -> str:
+    """Create topic ``topic``'s table, empty, if it does not exist yet; return its path.
+
+    Delivery creates topic tables as it first writes them; a streaming consumer needs
+    its tables before that.
+    """
+    path = layout(cfg).topic(topic)
+    _create(spark, path, TOPIC, None, migrate=False)
+    return path
 
 
 def topic_table_name(topic: str) -> str:
@@ -175,6 +226,13 @@ def ensure_tables(spark: SparkSession, cfg: EngineConfig, migrate: bool = True) 
     _create(spark, lay.command_results, COMMAND_RESULTS, None, migrate)
     _ENSURED.add(ensured)
     return lay
+
+
+def ensure_consumer_log(spark: SparkSession, cfg: EngineConfig) -> str:
+    """Create the ``consumer_log`` table if missing; return its path."""
+    path = layout(cfg).consumer_log
+    _create(spark, path, CONSUMER_LOG, None, migrate=False)
+    return path
 
 
 def latest_version(spark: SparkSession, path: str) -> int:
@@ -251,14 +309,14 @@ def register_topic_tables(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     """
     lay = layout(cfg)
     present = []
-    for name in _ENGINE_TABLES:
+    for name in _ENGINE_TABLES + _OPTIONAL_TABLES:
         path = getattr(lay, name)
         if DeltaTable.isDeltaTable(spark, path):
             register_table(spark, cfg, name, path)
             present.append(name)
     # The views need current tables: a lakehouse made by an older version gets them once
     # the engine has started (and upgraded it).
-    current = len(present) == len(_ENGINE_TABLES) and set(column_names(SCHEDULE)) <= set(
+    current = set(_ENGINE_TABLES) <= set(present) and set(column_names(SCHEDULE)) <= set(
         spark.read.format("delta").load(lay.schedule).columns
     )
     if list_files(spark, lay.delay_offset, ".json"):
@@ -266,4 +324,8 @@ def register_topic_tables(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     topics = list_topics(spark, cfg)
     for name in topics:
         register_table(spark, cfg, name, f"{lay.topics}/{name}")
+    if "consumer_log" in present:
+        from engine.consumer import register_lag_view
+
+        register_lag_view(spark, cfg)
     return topics

@@ -12,6 +12,7 @@ to read it and quarantine it with a reason instead of failing.
 | ``topics/<t>`` | message delivered to topic ``t``              |                |
 | ``commands``   | cancel or reschedule asked by a user          |                |
 | ``command_results`` | outcome of a command for one message     |                |
+| ``consumer_log`` | consumer group commit: progress or a failed message |          |
 
 ``DELAY_OFFSET`` is the row shape of the delivery checkpoint, a log of JSON files (see
 ``engine.offsets``) that SQL reads as the view ``<database>.delay_offset``.
@@ -134,6 +135,31 @@ COMMAND_RESULTS = StructType(
         ("detail", StringType()),
         ("round", LongType()),
         ("decided_ts", TimestampType()),
+    )
+)
+
+#: A consumer group's commits. Each commit (``group_name``, ``mode``, ``commit_seq``) is
+#: one Delta append holding, per topic table read, an ``offset`` row (the last message
+#: consumed: ``delivery_round``, ``deliver_ts``, ``msg_id``) and, per failed message, a
+#: ``retry`` or ``dead`` row whose ``sendback`` is the ``commitlog`` row to send (to
+#: ``retry_<group>`` or ``dlq_<group>``). Recording both in one commit makes a crash
+#: between a nack and its commit harmless: the send-back is forwarded from here, once.
+CONSUMER_LOG = StructType(
+    _fields(
+        ("group_name", StringType()),
+        ("mode", StringType()),
+        ("commit_seq", LongType()),
+        ("commit_id", StringType()),
+        ("consumer", StringType()),
+        ("committed_ts", TimestampType()),
+        ("kind", StringType()),
+        ("topic", StringType()),
+        ("delivery_round", LongType()),
+        ("deliver_ts", TimestampType()),
+        ("msg_id", StringType()),
+        ("acked", LongType()),
+        ("reason", StringType()),
+        ("sendback", COMMITLOG),
     )
 )
 
