@@ -15,6 +15,11 @@ Examples::
     delayq cancel --id 3F2A...             # or --key order-1 [--topic orders]
     delayq reschedule --id 3F2A... --delay 2h
     delayq run --until-idle --set levels.delays="1s 2s 3s"
+    delayq lag --group billing             # consumer lag per topic
+    delayq dlq list --group billing        # dead letters of a consumer group
+    delayq dlq show --group billing 5D0E...
+    delayq dlq resend --group billing --key order-7   # or --id ID, or --all
+    delayq dlq purge --group billing --all            # asks first (--yes to skip)
 
 Every command takes ``--conf FILE`` and any number of ``--set key=value`` overrides
 (after the command name).
@@ -109,6 +114,31 @@ def _parser() -> argparse.ArgumentParser:
     to.add_argument("--deliver-at", metavar="TIME", help="new time: ms or ISO-8601 with a zone")
     to.add_argument("--delay", metavar="DURATION", help="new time from now: 90s, 15m, 2d")
     move.add_argument("--wait", type=float, default=30.0, metavar="S", help=wait_help)
+    lag = sub.add_parser("lag", parents=[common], help="consumer groups' lag per topic")
+    lag.add_argument("--group", help="only this group")
+    # --conf/--set go after the action (delayq dlq list --set ...).
+    dlq = sub.add_parser("dlq", help="dead letters of a consumer group: list, show, resend, purge")
+    dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
+    group_help = "the consumer group"
+    listing = dlq_sub.add_parser("list", parents=[common], help="list dead letters, newest first")
+    listing.add_argument("--group", required=True, help=group_help)
+    listing.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
+    one = dlq_sub.add_parser("show", parents=[common], help="one dead letter with its history")
+    one.add_argument("--group", required=True, help=group_help)
+    one.add_argument("msg_id", help="the dead letter's id, or the id it was first sent with")
+    again = dlq_sub.add_parser("resend", parents=[common], help="send back to the original topic")
+    again.add_argument("--group", required=True, help=group_help)
+    pick = again.add_mutually_exclusive_group(required=True)
+    pick.add_argument("--id", dest="msg_id", help="one dead letter")
+    pick.add_argument("--key", help="every dead letter with this key")
+    pick.add_argument("--all", dest="everything", action="store_true", help="every dead letter")
+    again.add_argument("--again", action="store_true", help="also those resent before")
+    purge = dlq_sub.add_parser("purge", parents=[common], help="delete dead letters")
+    purge.add_argument("--group", required=True, help=group_help)
+    gone = purge.add_mutually_exclusive_group(required=True)
+    gone.add_argument("--id", dest="msg_id", help="one dead letter")
+    gone.add_argument("--all", dest="everything", action="store_true", help="every dead letter")
+    purge.add_argument("--yes", action="store_true", help="do not ask for confirmation")
     sql = sub.add_parser("sql", parents=[common], help="run a SQL query with tables registered")
     sql.add_argument("query", help='e.g. "SELECT * FROM delayq.orders"')
     sql.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
@@ -281,6 +311,66 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     for queue in sorted(set(status.pending) | set(status.delivered)):
         label = cfg.levels.label(queue)
         print(f"{label:<16}{status.pending.get(queue, 0):>10}{status.delivered.get(queue, 0):>12}")
+    _print_lag(spark, cfg, None)
+    return 0
+
+
+def _print_lag(spark: Any, cfg: EngineConfig, group: str | None) -> None:
+    from engine.consumer import lag
+
+    rows = lag(spark, cfg, group).collect()
+    if not rows and group is None:
+        return
+    print(f"{'consumer group':<20}{'topic':<24}{'lag':>8}  committed")
+    for r in rows:
+        print(f"{r['group_name']:<20}{r['topic']:<24}{r['lag']:>8}  {r['committed_ts']}")
+
+
+def cmd_lag(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq lag``: each group's lag per topic table."""
+    from engine.session import build_spark
+
+    _print_lag(build_spark(cfg), cfg, args.group)
+    return 0
+
+
+def cmd_dlq(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq dlq``: list, show, resend or purge a group's dead letters."""
+    from engine import deadletter
+    from engine.session import build_spark
+
+    spark = build_spark(cfg)
+    action = args.dlq_command
+    if action == "list":
+        deadletter.dead_letters(spark, cfg, args.group).show(args.limit, truncate=40)
+    elif action == "show":
+        print("\n".join(deadletter.show(spark, cfg, args.group, args.msg_id).lines()))
+    elif action == "resend":
+        ids = deadletter.resend(
+            spark,
+            cfg,
+            args.group,
+            msg_id=args.msg_id,
+            key=args.key,
+            everything=args.everything,
+            again=args.again,
+        )
+        print(f"resent {len(ids)} dead letters:")
+        for msg_id in ids:
+            print(msg_id)
+    else:
+        what = "every dead letter" if args.everything else f"dead letter {args.msg_id}"
+        if not args.yes:
+            if not sys.stdin.isatty():
+                raise DelayQError(f"purge {what} of group {args.group}: pass --yes to confirm")
+            answer = input(f"Delete {what} of group {args.group}? Type the group name: ")
+            if answer.strip() != args.group:
+                print("not purged")
+                return 1
+        count = deadletter.purge(
+            spark, cfg, args.group, msg_id=args.msg_id, everything=args.everything
+        )
+        print(f"purged {count} dead letters of group {args.group}")
     return 0
 
 
@@ -387,6 +477,8 @@ COMMANDS = {
     "history": cmd_history,
     "cancel": cmd_cancel,
     "reschedule": cmd_reschedule,
+    "lag": cmd_lag,
+    "dlq": cmd_dlq,
 }
 
 
