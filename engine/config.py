@@ -144,6 +144,35 @@ _GROUP_KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "poll_timeout": ("poll_timeout_ms", _timeout),
 }
 
+#: Where delivery writes a topic's messages (``kafka.sinks.<topic>``).
+SINKS = ("delta", "kafka", "both")
+
+
+def _choice(*allowed: str) -> Callable[[str, object], str]:
+    def parse(key: str, value: object) -> str:
+        text = str(value).strip().lower()
+        if text not in allowed:
+            raise ConfigError(key, value, f"expected one of {', '.join(allowed)}")
+        return text
+
+    return parse
+
+
+def _topic_map(key: str, value: object) -> Mapping[str, str]:
+    """``"in_a=orders, in_b=audit"`` -> ``{"in_a": "orders", "in_b": "audit"}``."""
+    pairs: dict[str, str] = {}
+    for item in str(value).replace(",", " ").split():
+        source, sep, target = item.partition("=")
+        if not sep or not source or not _IDENT.match(target):
+            raise ConfigError(key, value, f"bad entry {item!r}: expected kafka_topic=real_topic")
+        pairs[source] = target
+    return MappingProxyType(pairs)
+
+
+def _names(key: str, value: object) -> tuple[str, ...]:
+    return tuple(n for n in str(value).replace(",", " ").split() if n)
+
+
 # key -> (attribute, parser). The defaults live on the dataclass fields below.
 _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "lakehouse.path": ("lakehouse", _text),
@@ -163,6 +192,11 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "spark.jars_dir": ("jars_dir", _text),
     "spark.log_level": ("log_level", _text),
     "sql.register_tables": ("register_tables", _bool),
+    "kafka.bootstrap_servers": ("kafka_bootstrap", _text),
+    "kafka.ingest_topics": ("kafka_ingest_topics", _names),
+    "kafka.topic_map": ("kafka_topic_map", _topic_map),
+    "kafka.starting_offsets": ("kafka_starting_offsets", _choice("earliest", "latest")),
+    "kafka.max_offsets_per_trigger": ("kafka_max_offsets", _positive_int),
 }
 
 
@@ -198,6 +232,14 @@ class EngineConfig:
         consumers: retry settings of every consumer group (``[consumers]``).
         groups: settings of named groups (``[consumers.groups.<name>]``), on top of
             ``consumers``.
+        kafka_bootstrap: Kafka brokers, for ingest and for delivery to Kafka.
+        kafka_ingest_topics: Kafka topics the ingest job reads.
+        kafka_topic_map: real topic of records without a ``REAL_TOPIC`` header, by Kafka
+            topic.
+        kafka_starting_offsets: where a new ingest job starts (``earliest`` or ``latest``).
+        kafka_max_offsets: most records per ingest micro-batch.
+        kafka_sinks: where delivery writes a topic (``delta``, ``kafka`` or ``both``), by
+            topic table name; topics not listed go to Delta.
     """
 
     lakehouse: str = "lakehouse"
@@ -222,12 +264,19 @@ class EngineConfig:
     )
     consumers: GroupConfig = field(default_factory=GroupConfig)
     groups: Mapping[str, GroupConfig] = field(default_factory=lambda: MappingProxyType({}))
+    kafka_bootstrap: str = "127.0.0.1:9092"
+    kafka_ingest_topics: tuple[str, ...] = ("delayq_in",)
+    kafka_topic_map: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    kafka_starting_offsets: str = "earliest"
+    kafka_max_offsets: int = 100_000
+    kafka_sinks: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
         if not isinstance(self.spark_conf, MappingProxyType):
             object.__setattr__(self, "spark_conf", MappingProxyType(dict(self.spark_conf)))
-        if not isinstance(self.groups, MappingProxyType):
-            object.__setattr__(self, "groups", MappingProxyType(dict(self.groups)))
+        for name in ("groups", "kafka_topic_map", "kafka_sinks"):
+            if not isinstance(getattr(self, name), MappingProxyType):
+                object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if self.log_level.upper() not in {"ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
             raise ConfigError("spark.log_level", self.log_level, "expected e.g. WARN or INFO")
 
@@ -241,12 +290,17 @@ class EngineConfig:
         spark_conf: dict[str, str] = dict(LOCAL_SPARK_CONF)
         defaults: dict[str, Any] = {}
         groups: dict[str, dict[str, Any]] = {}
+        sinks: dict[str, str] = {}
         for key, value in settings.items():
             if key.startswith("spark.conf."):
                 spark_conf[key.removeprefix("spark.conf.")] = str(value)
                 continue
             if key.startswith("consumers."):
                 _group_setting(key, value, defaults, groups)
+                continue
+            if key.startswith("kafka.sinks."):
+                topic = _identifier(key, key.removeprefix("kafka.sinks.")).lower()
+                sinks[topic] = _choice(*SINKS)(key, value)
                 continue
             if key not in _KEYS:
                 known = ", ".join(sorted([*_KEYS, *(f"consumers.{k}" for k in _GROUP_KEYS)]))
@@ -259,11 +313,16 @@ class EngineConfig:
             spark_conf=spark_conf,
             consumers=consumers,
             groups={g: replace(consumers, **changes) for g, changes in groups.items()},
+            kafka_sinks=sinks,
         )
+
+    def sink(self, topic: str) -> str:
+        """Where delivery writes topic table ``topic``: ``delta``, ``kafka`` or ``both``."""
+        return self.kafka_sinks.get(topic.lower(), "delta")
 
     def group(self, name: str) -> GroupConfig:
         """The settings of consumer group ``name``."""
-        return self.groups.get(name, self.consumers)
+        return self.groups.get(name.lower(), self.consumers)
 
     def with_overrides(self, **changes: Any) -> EngineConfig:
         """A copy with some attributes replaced (by attribute name)."""
@@ -289,7 +348,8 @@ def _group_setting(
         return
     if len(parts) == 4 and parts[1] == "groups" and parts[3] in _GROUP_KEYS:
         attr, parse = _GROUP_KEYS[parts[3]]
-        groups.setdefault(_identifier(key, parts[2]), {})[attr] = parse(key, value)
+        # group names ignore case (engine.consumer.check_group)
+        groups.setdefault(_identifier(key, parts[2]).lower(), {})[attr] = parse(key, value)
         return
     known = ", ".join(f"consumers[.groups.<group>].{k}" for k in _GROUP_KEYS)
     raise ConfigError(key, value, f"unknown key; known consumer keys: {known}")

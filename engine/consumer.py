@@ -43,12 +43,14 @@ from pyspark.sql.streaming.query import StreamingQuery
 from engine.clock import Clock, SystemClock, from_micros
 from engine.config import RETRY_FIRST_LEVEL, EngineConfig, GroupConfig
 from engine.errors import ConfigError, ConsumerConflictError, ConsumerError
-from engine.fs import hadoop_path, jvm
+from engine.fs import hadoop_path, jvm, stream_query_id
 from engine.tables import (
+    RETRY_PREFIX,
     check_topic,
     dlq_topic,
     ensure_consumer_log,
     ensure_topic_table,
+    latest_version,
     layout,
     list_topics,
     register_table,
@@ -124,10 +126,14 @@ def consumer_columns(df: DataFrame) -> DataFrame:
     ``reconsume_times`` and ``origin_msg_id`` come from the engine's properties.
     """
     props = F.col("properties")
+    # Only the engine writes retry tables: elsewhere these are a producer's own properties.
+    retried = F.col("table").startswith(RETRY_PREFIX)
     return df.select(
         *[F.col(c) for c in df.columns],
-        F.coalesce(props[PROP_RETRY_TOPIC], F.col("topic")).alias("real_topic"),
-        F.coalesce(props[PROP_RECONSUME_TIME].cast("int"), F.lit(0)).alias("reconsume_times"),
+        F.coalesce(F.when(retried, props[PROP_RETRY_TOPIC]), F.col("topic")).alias("real_topic"),
+        F.coalesce(F.when(retried, props[PROP_RECONSUME_TIME].try_cast("int")), F.lit(0)).alias(
+            "reconsume_times"
+        ),
         F.coalesce(props[PROP_ORIGIN_MESSAGE_ID], F.col("msg_id")).alias("origin_msg_id"),
     )
 
@@ -135,7 +141,8 @@ def consumer_columns(df: DataFrame) -> DataFrame:
 def sendback_rows(failed: DataFrame, group: str, settings: GroupConfig, now: datetime) -> DataFrame:
     """The ``commitlog`` rows that send failed messages back, with ``kind`` and ``reason``.
 
-    Pure over ``failed`` (rows of :func:`consumer_columns` plus ``reason``): a message
+    Pure over ``failed`` (rows of :func:`consumer_columns` plus ``reason``, one per
+    ``msg_id``): a message
     that came back fewer than ``max_reconsume_times`` times goes to ``retry_<group>``,
     due after its retry delay; others go to ``dlq_<group>`` at once. Ids are derived from
     (group, message, attempt), so computing this twice gives the same rows.
@@ -212,16 +219,19 @@ def sendback_rows(failed: DataFrame, group: str, settings: GroupConfig, now: dat
 
 
 def check_group(group: object) -> str:
-    """Return ``group`` if it can name a consumer group, else raise naming it."""
+    """Return ``group`` in lower case if it can name a consumer group, else raise naming it.
+
+    Group names ignore case, like the topic tables named after them.
+    """
     if not isinstance(group, str):
         raise ConsumerError(f"consumer group {group!r}: expected a name")
     try:
         check_topic(retry_topic(group), internal=True)
     except Exception:
         raise ConsumerError(
-            f"consumer group {group!r}: use letters, digits and _ (at most 120)"
+            f"consumer group {group!r}: use letters, digits and _ (at most 122)"
         ) from None
-    return group
+    return group.lower()
 
 
 def check_retry_delays(cfg: EngineConfig, group: str, settings: GroupConfig) -> None:
@@ -274,18 +284,31 @@ def after(position: tuple[int, int, str] | None) -> Column:
     if position is None:
         return F.lit(True)
     round_, deliver_us, msg_id = position
-    key = F.struct(F.unix_micros("deliver_ts"), F.col("msg_id"))
+    key = F.struct(F.unix_micros("deliver_ts").alias("us"), F.col("msg_id").alias("id"))
+    bound = F.struct(F.lit(deliver_us).alias("us"), F.lit(msg_id).alias("id"))
     # The plain bound on delivery_round lets Delta skip every older file.
     return (F.col("delivery_round") >= round_) & (
-        (F.col("delivery_round") > round_) | (key > F.struct(F.lit(deliver_us), F.lit(msg_id)))
+        (F.col("delivery_round") > round_) | (key > bound)
     )
 
 
 ORDER = ("delivery_round", "deliver_ts", "msg_id")
 
 
-def _forward(spark: SparkSession, cfg: EngineConfig, group: str, mode: str, seq: int) -> int:
-    """Send commit ``seq``'s failed messages to ``commitlog``, once; return how many."""
+def table_id(spark: SparkSession, path: str) -> str:
+    """A Delta table's id (a new table at the same path has a new one)."""
+    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").select("id").first()
+    return str(row[0]) if row else ""
+
+
+def _forward(
+    spark: SparkSession, cfg: EngineConfig, group: str, mode: str, seq: int, log_id: str
+) -> int:
+    """Send commit ``seq``'s failed messages to ``commitlog``, once; return how many.
+
+    The ``txnAppId`` names the ``consumer_log`` table (``log_id``): if it is ever made
+    anew, commit numbers start again without colliding with the old ones.
+    """
     lay = layout(cfg)
     rows = (
         spark.read.format("delta")
@@ -305,7 +328,7 @@ def _forward(spark: SparkSession, cfg: EngineConfig, group: str, mode: str, seq:
             (
                 rows.write.format("delta")
                 .mode("append")
-                .option("txnAppId", f"delayq-sendback-{mode}-{group}")
+                .option("txnAppId", f"delayq-sendback-{mode}-{group}-{log_id}")
                 .option("txnVersion", seq)
                 .option("userMetadata", f"delayq {mode} consumer {group} commit {seq}")
                 .save(lay.commitlog)
@@ -412,17 +435,22 @@ class Consumer:
         self.spark = spark
         self.cfg = cfg
         self.group = check_group(group)
-        self.settings = settings or cfg.group(group)
-        check_retry_delays(cfg, group, self.settings)
+        self.settings = settings or cfg.group(self.group)
+        check_retry_delays(cfg, self.group, self.settings)
         self.clock = clock or SystemClock()
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         names = [*known_topics(spark, cfg, list(topics)), retry_topic(group)]
         lay = layout(cfg)
-        self.tables = {n: _Table(n, lay.topic(n)) for n in dict.fromkeys(names)}
-        self._log_path = ensure_consumer_log(spark, cfg)
         self._probe = jvm(spark).org.apache.hadoop.fs.Path
         self._fs = hadoop_path(spark, lay.root)[1]
+        self.tables = {n: _Table(n, lay.topic(n)) for n in dict.fromkeys(names)}
+        for table in self.tables.values():
+            table.version = self._start_version(table.path)
+        self._log_path = ensure_consumer_log(spark, cfg)
+        self._log_id = table_id(spark, self._log_path)
+        self._log_version = -1
         self._batch: list[Received] = []
+        self._commit_id = ""
         self._settled: dict[str, str | None] = {}  # msg_id -> None (ack) or the reason
         self._closed = threading.Event()
         self.seq, self._unforwarded = self._restore()
@@ -434,12 +462,13 @@ class Consumer:
 
     def _restore(self) -> tuple[int, int | None]:
         """The group's last commit number and positions, from ``consumer_log``."""
+        self._log_version = self._next_version(self._log_path, self._log_version)
         log = self.spark.read.format("delta").load(self._log_path)
         mine = log.where((F.col("group_name") == self.group) & (F.col("mode") == POLL))
         latest = mine.agg(F.max("commit_seq")).first()
         seq = -1 if latest is None or latest[0] is None else int(latest[0])
         rows = (
-            log.where((F.col("group_name") == self.group) & (F.col("kind") == "offset"))
+            mine.where(F.col("kind") == "offset")
             .groupBy("topic")
             .agg(
                 F.max(
@@ -452,8 +481,17 @@ class Consumer:
             table = self.tables.get(row["topic"])
             if table is not None:
                 table.position = (int(row["p"][0]), int(row["p"][1]), str(row["p"][2]))
+        for table in self.tables.values():
+            table.empty_at = None  # positions may have moved
         # The latest commit's send-backs may not have reached commitlog (a crash).
         return seq, (seq if seq >= 0 else None)
+
+    def _catch_up(self) -> None:
+        """Take the positions another consumer of the group committed since (a file probe
+        when nothing changed)."""
+        if self._next_version(self._log_path, self._log_version) != self._log_version:
+            self.seq, self._unforwarded = self._restore()
+            self._forward_pending()
 
     def positions(self) -> dict[str, tuple[int, int, str] | None]:
         """The committed position in each subscribed table."""
@@ -477,28 +515,42 @@ class Consumer:
         if max_messages <= 0:
             raise ConsumerError(f"max_messages={max_messages}: must be at least 1")
         wait = self.settings.poll_timeout_ms / 1000 if timeout is None else timeout
-        if not isinstance(wait, int | float) or wait < 0:
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e9:
             raise ConsumerError(f"timeout={timeout!r}: must be 0 or more seconds")
         if self._batch:
             raise ConsumerError(
                 f"{len(self._batch)} messages of the last poll are not committed: "
                 "ack or nack them, then commit()"
             )
+        self._forward_pending()
         deadline = time.monotonic() + wait
         while True:
+            self._catch_up()
             batch = self._read(max_messages)
             if batch:
                 self._batch = batch
                 self._settled = {}
+                self._commit_id = uuid.uuid4().hex  # the same if commit() is retried
                 return list(batch)
             if not self._wait_for_commit(deadline):
                 return []
 
-    def _version(self, table: _Table) -> int:
-        version = table.version
-        while self._fs.exists(self._probe(f"{table.path}/_delta_log/{version + 1:020d}.json")):
+    def _start_version(self, path: str) -> int:
+        """The table's latest version (-1 if it does not exist yet), asked once."""
+        if not self._fs.exists(self._probe(f"{path}/_delta_log")):
+            return -1
+        return latest_version(self.spark, path)
+
+    def _next_version(self, path: str, version: int) -> int:
+        """``version``, or a later one if its next log files exist (a few ms, no read)."""
+        if version < 0 and self._fs.exists(self._probe(f"{path}/_delta_log")):
+            return latest_version(self.spark, path)  # created since
+        while self._fs.exists(self._probe(f"{path}/_delta_log/{version + 1:020d}.json")):
             version += 1
         return version
+
+    def _version(self, table: _Table) -> int:
+        return self._next_version(table.path, table.version)
 
     def _wait_for_commit(self, deadline: float) -> bool:
         """Wait until a table has a version not yet read empty; False at the deadline."""
@@ -519,10 +571,12 @@ class Consumer:
             table.version = self._version(table)
             if table.version < 0 or table.empty_at == table.version:
                 continue
-            read_at = table.version
+            # The latest snapshot (Delta keeps it cached and updates it incrementally; a
+            # versionAsOf read rebuilds one). It holds at least `probed`, so recording
+            # `probed` as read-empty is safe: a later commit is still seen as new.
+            probed = table.version
             rows = (
                 self.spark.read.format("delta")
-                .option("versionAsOf", read_at)
                 .load(table.path)
                 .where(after(table.position))
                 .orderBy(*ORDER)
@@ -537,7 +591,7 @@ class Consumer:
                 .collect()
             )
             if not rows:
-                table.empty_at = read_at
+                table.empty_at = probed
             found.extend(_received(r) for r in rows)
         found.sort(key=lambda m: m.position)
         return found[:limit]
@@ -553,8 +607,8 @@ class Consumer:
     def ack(self, *messages: Received | str) -> None:
         """Mark messages of the current batch as consumed; no argument: all unsettled."""
         targets = messages or tuple(m.msg_id for m in self._batch if m.msg_id not in self._settled)
-        for message in targets:
-            self._settled[self._in_batch(message)] = None
+        for msg_id in [self._in_batch(m) for m in targets]:  # all checked before any is marked
+            self._settled[msg_id] = None
 
     def nack(self, message: Received | str, reason: str = "failed") -> None:
         """Mark a message of the current batch as failed: it comes back later (or dies).
@@ -582,7 +636,7 @@ class Consumer:
             raise ConsumerError(
                 f"{len(open_)} messages are neither acked nor nacked: {', '.join(open_[:5])}"
             )
-        seq, commit_id, now = self.seq + 1, uuid.uuid4().hex, self.clock.now()
+        seq, commit_id, now = self.seq + 1, self._commit_id, self.clock.now()
         last: dict[str, Received] = {}
         acked: dict[str, int] = {}
         for m in self._batch:
@@ -599,13 +653,19 @@ class Consumer:
                 allowMissingColumns=True,
             )
         rows = _commit_columns(rows, self.group, POLL, seq, commit_id, self.name, now)
-        _append_commit(self.spark, self.cfg, rows, self.group, POLL, seq)
+        try:
+            _append_commit(self.spark, self.cfg, rows, self.group, POLL, seq)
+        except Exception as err:
+            if "ConcurrentTransaction" not in str(err):
+                raise
+            # another consumer appended the same commit number at the same moment
         self._check_committed(seq, commit_id)
         self.seq = seq
         for table, m in last.items():
             self.tables[table].position = m.position
         self._batch, self._settled = [], {}
         self._unforwarded = seq
+        self._log_version = self._next_version(self._log_path, self._log_version)
         return self._forward_pending()
 
     def _failed_rows(self, failed: list[Received]) -> DataFrame:
@@ -644,6 +704,7 @@ class Consumer:
         if row is None or row[0] != commit_id:
             self._batch, self._settled = [], {}
             self.seq, self._unforwarded = self._restore()
+            self._forward_pending()
             raise ConsumerConflictError(
                 f"another consumer of group {self.group!r} committed batch {seq} first: "
                 "this batch was not committed; poll again"
@@ -652,7 +713,7 @@ class Consumer:
     def _forward_pending(self) -> int:
         if self._unforwarded is None:
             return 0
-        count = _forward(self.spark, self.cfg, self.group, POLL, self._unforwarded)
+        count = _forward(self.spark, self.cfg, self.group, POLL, self._unforwarded, self._log_id)
         self._unforwarded = None
         return count
 
@@ -728,7 +789,7 @@ def consume_stream(
     check_retry_delays(cfg, group, chosen)
     names = [*known_topics(spark, cfg, list(topics)), retry_topic(group)]
     clock = clock or SystemClock()
-    ensure_consumer_log(spark, cfg)
+    log_id = table_id(spark, ensure_consumer_log(spark, cfg))
     stream: DataFrame | None = None
     for name in dict.fromkeys(names):
         path = ensure_topic_table(spark, cfg, name)
@@ -736,12 +797,20 @@ def consume_stream(
         stream = source if stream is None else stream.unionByName(source)
     assert stream is not None
 
+    checkpoint = layout(cfg).checkpoint(f"consumer_{group.lower()}")
+    mode: list[str] = []
+
     def run_batch(batch: DataFrame, batch_id: int) -> None:
-        _stream_batch(spark, cfg, group, chosen, handler, batch, batch_id, clock.now())
+        # Batch ids start again in a new checkpoint: commits are named after its query id.
+        if not mode:
+            mode.append(f"{STREAM}-{stream_query_id(spark, checkpoint)}")
+        _stream_batch(
+            spark, cfg, group, chosen, handler, batch, (mode[0], log_id), batch_id, clock.now()
+        )
 
     writer = (
         stream.writeStream.foreachBatch(run_batch)
-        .option("checkpointLocation", layout(cfg).checkpoint(f"consumer_{group.lower()}"))
+        .option("checkpointLocation", checkpoint)
         .queryName(f"delayq_consumer_{group}")
     )
     writer = (
@@ -759,9 +828,11 @@ def _stream_batch(
     settings: GroupConfig,
     handler: Handler,
     batch: DataFrame,
+    commit: tuple[str, str],
     batch_id: int,
     now: datetime,
 ) -> None:
+    mode, log_id = commit
     view = consumer_columns(batch).persist()
     try:
         positions = (
@@ -774,19 +845,25 @@ def _stream_batch(
         )
         if not positions:
             return
+        errors: DataFrame | None = None
         try:
             outcome = handler(view)
-            errors = (
-                None
-                if outcome is None
-                else outcome.where(F.col("error").isNotNull()).select(
-                    "msg_id", F.col("error").cast("string").alias("reason")
+            if outcome is not None:
+                # One reason per message; run now, so that an error raised while computing
+                # the handler's result fails the batch's rows, not the stream.
+                errors = (
+                    outcome.where(F.col("error").isNotNull())
+                    .groupBy("msg_id")
+                    .agg(F.concat_ws("; ", F.sort_array(F.collect_set("error"))).alias("reason"))
+                    .persist()
                 )
-            )
+                errors.count()
         except Exception as err:  # the handler's failure fails its rows, not the stream
+            if errors is not None:
+                errors.unpersist()
             reason = f"{type(err).__name__}: {err}"[:1000]
-            errors = view.select("msg_id", F.lit(reason).alias("reason"))
-        failed = None if errors is None else view.join(errors.distinct(), "msg_id")
+            errors = view.select("msg_id", F.lit(reason).alias("reason")).persist()
+        failed = None if errors is None else view.join(errors, "msg_id")
         failed_rows = None if failed is None else failed.persist()
         try:
             failures = 0 if failed_rows is None else failed_rows.count()
@@ -811,12 +888,14 @@ def _stream_batch(
                 rows = offsets.unionByName(
                     sendback_rows(failed_rows, group, settings, now), allowMissingColumns=True
                 )
-            rows = _commit_columns(rows, group, STREAM, batch_id, f"batch-{batch_id}", "", now)
-            _append_commit(spark, cfg, rows, group, STREAM, batch_id)
-            _forward(spark, cfg, group, STREAM, batch_id)
+            rows = _commit_columns(rows, group, mode, batch_id, f"batch-{batch_id}", "", now)
+            _append_commit(spark, cfg, rows, group, mode, batch_id)
+            _forward(spark, cfg, group, mode, batch_id, log_id)
         finally:
             if failed_rows is not None:
                 failed_rows.unpersist()
+            if errors is not None:
+                errors.unpersist()
     finally:
         view.unpersist()
 

@@ -227,10 +227,16 @@ def purge(
     everything: bool = False,
 ) -> int:
     """Delete dead letters (one by id, or all); return how many were deleted."""
-    table = _table(spark, cfg, group)
-    chosen = _select(table, msg_id, None, everything, "purge")
-    ids = [r["msg_id"] for r in chosen.select("msg_id").collect()]
-    if not ids:
-        return 0
-    DeltaTable.forPath(spark, layout(cfg).topic(dlq_topic(group))).delete(F.col("msg_id").isin(ids))
-    return len(ids)
+    chosen = _select(_table(spark, cfg, group), msg_id, None, everything, "purge")
+    count = chosen.count()
+    if not count:
+        raise ConsumerError(f"no dead letter {msg_id!r} in group {group!r}")
+    table = DeltaTable.forPath(spark, layout(cfg).topic(dlq_topic(check_group(group))))
+    if everything:
+        table.delete()
+    else:
+        wanted = F.lit(msg_id)
+        table.delete(
+            (F.col("msg_id") == wanted) | (F.col("properties")[PROP_ORIGIN_MESSAGE_ID] == wanted)
+        )
+    return count

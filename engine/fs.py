@@ -18,3 +18,37 @@ def hadoop_path(spark: SparkSession, location: str) -> tuple[Any, Any]:
     """A Hadoop ``Path`` for ``location`` and its ``FileSystem``."""
     path = jvm(spark).org.apache.hadoop.fs.Path(location)
     return path, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+
+
+def read_text(spark: SparkSession, location: str) -> str | None:
+    """The whole text of a small file, or ``None`` when it does not exist."""
+    path, fs = hadoop_path(spark, location)
+    if not fs.exists(path):
+        return None
+    stream = fs.open(path)
+    try:
+        reader = jvm(spark).java.io.BufferedReader(
+            jvm(spark).java.io.InputStreamReader(stream, "UTF-8")
+        )
+        lines = []
+        line = reader.readLine()
+        while line is not None:
+            lines.append(line)
+            line = reader.readLine()
+        return "\n".join(lines)
+    finally:
+        stream.close()
+
+
+def stream_query_id(spark: SparkSession, checkpoint: str) -> str:
+    """The id of the streaming query that owns ``checkpoint`` (kept across restarts).
+
+    A new checkpoint means a new id: batch ids start again from 0 there, so writes made
+    idempotent per batch id name their ``txnAppId`` after this id, not after the query.
+    """
+    import json
+
+    text = read_text(spark, f"{checkpoint}/metadata")
+    if text is None:
+        raise FileNotFoundError(f"{checkpoint}/metadata: the query has not started")
+    return str(json.loads(text.splitlines()[0])["id"])
