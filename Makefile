@@ -18,12 +18,14 @@ PYTEST_ARGS ?=
 MODE      ?= quick
 BENCH_ARGS ?=
 
-.PHONY: help setup venv jars run engine status test test-quick bench check lint typecheck clean distclean
+KAFKA_HOME := .kafka
+
+.PHONY: help setup venv jars kafka-jars kafka-up kafka-down ingest run engine status test test-quick bench check lint typecheck clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-setup: venv jars ## Install the Python environment and fetch the JVM jars
+setup: venv jars kafka-jars ## Install the Python environment and fetch the JVM jars
 
 venv: $(VENV)/.installed ## Create .venv and install the package with its test extras
 
@@ -50,6 +52,23 @@ $(SPARK_PROPS): build/pom.xml Makefile
 	   echo "spark.sql.session.timeZone UTC"; \
 	   echo "spark.driver.extraJavaOptions -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties)"; } > $@
 	@echo "jars ready in $(JARS)/"
+
+kafka-jars: $(KAFKA_HOME)/lib/.resolved ## Resolve the Kafka broker's jars with Maven into .kafka/lib/
+
+$(KAFKA_HOME)/lib/.resolved: build/kafka/pom.xml
+	@command -v mvn >/dev/null || { echo "error: mvn not found: install Maven (apt-get install maven)"; exit 1; }
+	@rm -rf $(KAFKA_HOME)/lib && mkdir -p $(KAFKA_HOME)/lib
+	mvn -q -B -f build/kafka/pom.xml dependency:copy-dependencies -DoutputDirectory=$(abspath $(KAFKA_HOME)/lib)
+	@touch $@
+
+kafka-up: venv kafka-jars ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data in .kafka/
+	$(BIN)/python -m engine.broker up --home $(KAFKA_HOME) $(ARGS)
+
+kafka-down: venv ## Stop the local Kafka broker
+	$(BIN)/python -m engine.broker down --home $(KAFKA_HOME)
+
+ingest: setup ## Run the Kafka ingest job (kafka.ingest_topics -> commitlog) until Ctrl-C
+	$(SUBMIT) jobs/kafka_ingest.py $(ARGS)
 
 run: setup ## Set up, then run the engine on a demo set until everything is delivered
 	$(SUBMIT) jobs/delay_engine.py --demo --until-idle $(ARGS)
@@ -81,5 +100,5 @@ typecheck: venv
 clean: ## Remove the local lakehouse and test leftovers (keeps .venv and .jars)
 	rm -rf lakehouse spark-warehouse metastore_db derby.log .pytest_cache .mypy_cache .ruff_cache
 
-distclean: clean ## Also remove .venv and .jars
-	rm -rf $(VENV) $(JARS)
+distclean: clean ## Also remove .venv, .jars and .kafka (stop the broker first: make kafka-down)
+	rm -rf $(VENV) $(JARS) $(KAFKA_HOME)
