@@ -41,6 +41,7 @@ from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from engine import kafka_sink
 from engine.clock import EPOCH, Clock, from_millis, to_micros
 from engine.commands import (
     REMOVING,
@@ -564,12 +565,18 @@ class Delivery:
         delivered_ts = self.clock.now()
 
         def write(name: str) -> None:
-            if replayed and self._written(name, plan.round):
+            rows = to_topic_rows(
+                due_rows.where(F.lower(F.col("topic")) == name), delivered_ts, plan.round
+            )
+            sink = self.cfg.sink(name)
+            if sink != "delta" and not (replayed and kafka_sink.written(
+                self.spark, self.cfg, plan.round, name
+            )):  # fmt: skip
+                kafka_sink.write(self.spark, self.cfg, rows, plan.round, name)
+            if sink == "kafka" or (replayed and self._written(name, plan.round)):
                 return
-            rows = due_rows.where(F.lower(F.col("topic")) == name)
             writer = (
-                to_topic_rows(rows, delivered_ts, plan.round)
-                .write.format("delta")
+                rows.write.format("delta")
                 .mode("append")
                 .option("userMetadata", self.round_tag(plan.round))
             )
@@ -581,6 +588,8 @@ class Delivery:
         with ThreadPoolExecutor(max_workers=self.cfg.topic_writers) as pool:
             list(pool.map(write, sorted(per_table)))
         for name in sorted(per_table):
+            if self.cfg.sink(name) == "kafka":
+                continue
             if self.cfg.register_tables and name not in self._known_topics:
                 register_table(self.spark, self.cfg, name, self.layout.topic(name))
                 self._known_topics.add(name)

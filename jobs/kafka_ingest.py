@@ -1,0 +1,60 @@
+"""Kafka in, as a Spark application: read Kafka topics into ``commitlog``.
+
+Reads ``kafka.ingest_topics`` from ``kafka.bootstrap_servers`` (``make kafka-up`` starts a
+local broker) and stores each record in ``commitlog``, exactly once across restarts; records
+with bad headers go to ``quarantine`` with the reason. The delay comes from the headers
+``DELAY``, ``TIMER_DELIVER_MS``, ``TIMER_DELAY_SEC`` or ``TIMER_DELAY_MS``, the real topic
+from ``REAL_TOPIC`` or ``kafka.topic_map`` (see ``engine.kafka_client``)::
+
+    .venv/bin/spark-submit --properties-file .jars/spark-defaults.conf \\
+        jobs/kafka_ingest.py [--set kafka.ingest_topics=in_a,in_b] [--available-now]
+
+Run the engine (``jobs/delay_engine.py``) beside it to deliver what it stores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from engine.cli import config_from_args
+from engine.errors import DelayQError
+from engine.ingest import start_ingest
+from engine.session import build_spark
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse the arguments, start the ingest stream, print progress until it stops."""
+    parser = argparse.ArgumentParser(
+        prog="kafka_ingest.py",
+        description="Read Kafka topics into the delay engine's commitlog (Ctrl-C stops).",
+    )
+    parser.add_argument("--conf", metavar="FILE", help="TOML config (default conf/engine.toml)")
+    parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
+    parser.add_argument(
+        "--available-now", action="store_true", help="read what is in Kafka now, then stop"
+    )
+    args = parser.parse_args(argv)
+    try:
+        cfg = config_from_args(args)
+        spark = build_spark(cfg)
+        query = start_ingest(spark, cfg, available_now=args.available_now, out=print)
+        topics = ", ".join(cfg.kafka_ingest_topics)
+        print(f"kafka_ingest: {cfg.kafka_bootstrap} [{topics}] -> {cfg.lakehouse_path}/commitlog")
+        try:
+            while query.isActive:
+                time.sleep(0.5)
+        except KeyboardInterrupt:
+            print("kafka_ingest: stopping")
+            query.stop()
+        if query.exception() is not None:
+            raise DelayQError(f"ingest stream failed: {query.exception()}")
+    except DelayQError as err:
+        print(f"kafka_ingest: error: {err}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,241 @@
+"""Kafka in and out against a real broker (started here from .kafka/lib, `make kafka-jars`)."""
+
+from __future__ import annotations
+
+import socket
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from kafka import KafkaConsumer, KafkaProducer
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from engine.broker import Broker, BrokerError, start, stop
+from engine.clock import FakeClock, to_millis
+from engine.config import EngineConfig
+from engine.delivery import Plan
+from engine.ingest import start_ingest
+from engine.kafka_client import DelayedProducer
+from engine.producer import Message, send_many
+from engine.runner import Engine
+from engine.session import REPO_ROOT
+from engine.tables import layout, list_topics
+from tests.conftest import START
+
+pytestmark = pytest.mark.integration
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
+    """A real single-node broker for this module, on free ports."""
+    home = tmp_path_factory.mktemp("kafka")
+    broker = start(home, free_port(), free_port(), lib=REPO_ROOT / ".kafka" / "lib")
+    try:
+        yield broker
+    finally:
+        stop(home)
+
+
+def kafka_cfg(make_cfg: Any, broker: Broker, **changes: Any) -> EngineConfig:
+    return make_cfg(kafka_bootstrap=broker.bootstrap_servers, **changes)  # type: ignore[no-any-return]
+
+
+def produce(
+    broker: Broker, topic: str, records: list[tuple[bytes | None, bytes, list[Any]]]
+) -> None:
+    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
+    for key, value, headers in records:
+        producer.send(topic, key=key, value=value, headers=headers)
+    producer.flush()
+    producer.close()
+
+
+def consume(broker: Broker, topic: str, expected: int) -> list[Any]:
+    consumer = KafkaConsumer(
+        topic,
+        bootstrap_servers=broker.bootstrap_servers,
+        auto_offset_reset="earliest",
+        consumer_timeout_ms=3000,
+        group_id=None,
+    )
+    records: list[Any] = []
+    for _ in range(10):
+        records.extend(consumer)
+        if len(records) >= expected:
+            break
+    consumer.close()
+    return records
+
+
+def ingest(spark: SparkSession, cfg: EngineConfig, clock: FakeClock) -> None:
+    query = start_ingest(spark, cfg, clock, available_now=True)
+    try:
+        query.awaitTermination()
+    finally:
+        query.stop()
+
+
+def rows(spark: SparkSession, path: str) -> list[dict[str, Any]]:
+    df = spark.read.format("delta").load(path)
+    df = df.select("*", F.unix_millis("store_ts").alias("store_ms"))
+    if "deliver_at" in df.columns:
+        df = df.select("*", F.unix_millis("deliver_at").alias("at_ms"))
+    return [r.asDict() for r in df.collect()]
+
+
+def h(**headers: str) -> list[tuple[str, bytes]]:
+    return [(k, v.encode()) for k, v in headers.items()]
+
+
+def test_ingest_reads_every_header_form_and_quarantines_bad_headers(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    mapped, unmapped = f"in_{uuid.uuid4().hex[:6]}", f"raw_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(
+        make_cfg, kafka, kafka_ingest_topics=(mapped, unmapped), kafka_topic_map={mapped: "audit"}
+    )
+    at = to_millis(START) + 5000
+    produce(kafka, mapped, [
+        (b"k1", b"level", h(DELAY="2", REAL_TOPIC="orders", KEYS="a b", TAGS="t", color="red")),
+        (None, b"at", h(TIMER_DELIVER_MS=str(at))),
+        (None, b"sec", h(TIMER_DELAY_SEC="3")),
+        (None, b"ms", h(TIMER_DELAY_MS="1500", REAL_TOPIC="orders")),
+        (None, b"now", []),
+        (None, b"bad level", h(DELAY="soon")),
+        (None, b"two", h(DELAY="1", TIMER_DELAY_SEC="3")),
+        (None, b"negative", h(TIMER_DELAY_SEC="-1")),
+    ])  # fmt: skip
+    produce(kafka, unmapped, [(None, b"nowhere", h(DELAY="1"))])
+    ingest(spark, cfg, clock)
+
+    stored = {r["body"].decode(): r for r in rows(spark, layout(cfg).commitlog)}
+    assert sorted(stored) == ["at", "level", "ms", "now", "sec"]
+    level = stored["level"]
+    assert (level["topic"], level["delay_level"], level["at_ms"]) == ("orders", 2, None)
+    assert level["keys"] == ["k1", "a", "b"] and level["tags"] == "t"
+    assert level["properties"]["color"] == "red" and level["properties"]["KAFKA_TOPIC"] == mapped
+    now = to_millis(START)
+    assert (stored["at"]["topic"], stored["at"]["at_ms"]) == ("audit", at)
+    assert stored["sec"]["at_ms"] == now + 3000 and stored["ms"]["at_ms"] == now + 1500
+    assert stored["ms"]["topic"] == "orders"
+    assert stored["now"]["delay_level"] is None and stored["now"]["at_ms"] is None
+
+    reasons = {r["body"].decode(): r["reason"] for r in rows(spark, layout(cfg).quarantine)}
+    assert reasons == {
+        "bad level": "header DELAY='soon' is not a level",
+        "two": "give only one of the headers DELAY, TIMER_DELIVER_MS, TIMER_DELAY_SEC, "
+        "TIMER_DELAY_MS",
+        "negative": "header TIMER_DELAY_SEC='-1' is not whole seconds >= 0",
+        "nowhere": f"no REAL_TOPIC header and no kafka.topic_map entry for topic '{unmapped}'",
+    }
+
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine.step()
+    clock.advance(seconds=2)
+    engine.step()  # level 2 (2 s) and the 1.5 s timer are due, the 3 s and 5 s ones not
+    delivered = {r["body"].decode() for t in list_topics(spark, cfg)
+                 for r in rows(spark, layout(cfg).topic(t))}  # fmt: skip
+    assert delivered == {"now", "level", "ms"}
+
+
+def test_ingest_restart_and_replayed_batch_store_nothing_twice(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    topic = f"in_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(
+        make_cfg, kafka, kafka_ingest_topics=(topic,), kafka_topic_map={topic: "orders"}
+    )
+    produce(kafka, topic, [(None, f"m{i}".encode(), []) for i in range(5)])
+    ingest(spark, cfg, clock)
+    produce(kafka, topic, [(None, f"n{i}".encode(), []) for i in range(3)])
+    ingest(spark, cfg, clock)
+    assert len(rows(spark, layout(cfg).commitlog)) == 8
+
+    # a crash after the batch was stored but before Spark recorded it: the restart replays it
+    commits = Path(layout(cfg).checkpoint("kafka_ingest")) / "commits"
+    last = max(commits.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
+    last.unlink()
+    (commits / f".{last.name}.crc").unlink(missing_ok=True)
+    produce(kafka, topic, [(None, b"later", [])])
+    ingest(spark, cfg, clock)
+    ingest(spark, cfg, clock)
+    stored = rows(spark, layout(cfg).commitlog)
+    bodies = sorted(r["body"].decode() for r in stored)
+    assert bodies == sorted([f"m{i}" for i in range(5)] + [f"n{i}" for i in range(3)] + ["later"])
+    assert len({r["msg_id"] for r in stored}) == 9
+
+
+def test_delivery_to_kafka_and_delta_for_the_same_topic(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    both, only = f"both_{uuid.uuid4().hex[:6]}", f"only_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka, kafka_sinks={both: "both", only: "kafka"})
+    ids = send_many(spark, cfg, [
+        Message(both, "b1", keys=["order-1"], tags="paid", properties={"p": "v"}, delay_level=1),
+        Message(both, "b2", delay_level=1),
+        Message(only, "o1", delay_level=1),
+    ], clock)  # fmt: skip
+
+    class Crash(Exception):
+        pass
+
+    def crash(_plan: Plan) -> None:
+        raise Crash
+
+    crashing = Engine(spark, cfg, clock, out=lambda _: None, after_topic_writes=crash)
+    clock.advance(seconds=1)
+    with pytest.raises(Crash):
+        crashing.step()
+    Engine(spark, cfg, clock, out=lambda _: None).step()  # replays the round
+
+    records = consume(kafka, both, 2)
+    assert sorted(r.value for r in records) == [b"b1", b"b2"], "no copy from the replay"
+    first = next(r for r in records if r.value == b"b1")
+    headers = {k: v.decode() for k, v in first.headers}
+    assert first.key == b"order-1" and headers["TAGS"] == "paid" and headers["p"] == "v"
+    assert headers["DELAYQ_MSG_ID"] == ids[0]
+    assert int(headers["DELAYQ_DELIVER_TS"]) == to_millis(START) + 1000
+    assert [r.value for r in consume(kafka, only, 1)] == [b"o1"]
+    delta = sorted(r["body"] for r in rows(spark, layout(cfg).topic(both)))
+    assert delta == [b"b1", b"b2"]
+    assert only not in list_topics(spark, cfg), "a kafka-only topic has no Delta table"
+
+
+def test_kafka_python_helper_round_trip(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    source, target = f"in_{uuid.uuid4().hex[:6]}", f"out_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka, kafka_ingest_topics=(source,), kafka_sinks={target: "kafka"})
+    with DelayedProducer(kafka.bootstrap_servers) as producer:
+        producer.send(source, "hello", key="k", topic=target, delay="2s", tags="greeting")
+        producer.send(source, "at once", topic=target)
+    ingest(spark, cfg, clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine.step()
+    assert [r.value for r in consume(kafka, target, 1)] == [b"at once"]
+    clock.advance(seconds=1)
+    engine.step()
+    assert len(consume(kafka, target, 1)) == 1, "not early"
+    clock.advance(seconds=1)
+    engine.step()
+    records = consume(kafka, target, 2)
+    assert [r.value for r in records] == [b"at once", b"hello"]
+    assert records[1].key == b"k"
+    assert dict(records[1].headers)["TAGS"] == b"greeting"
+
+
+def test_a_broker_that_cannot_start_shows_its_log(kafka: Broker, tmp_path: Path) -> None:
+    with pytest.raises(BrokerError) as err:
+        start(tmp_path / "second", kafka.port, free_port(), timeout=60,
+              lib=REPO_ROOT / ".kafka" / "lib")  # fmt: skip
+    message = str(err.value)
+    assert "Address already in use" in message and "broker.log" in message
