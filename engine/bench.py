@@ -67,6 +67,7 @@ class BenchPlan:
     fanouts: tuple[int, ...]
     fanout_rate: int
     drain_seconds: int = 90
+    wakeups: int = 20
 
 
 QUICK = BenchPlan(
@@ -83,7 +84,9 @@ FULL = BenchPlan(
     1_000,
 )
 #: A minute-long run of every workload on tiny numbers: checks the benchmark itself.
-SMOKE = BenchPlan("smoke", (200,), 5, (0, 10_000), 200, 10_000, (1, 3), 200, drain_seconds=60)
+SMOKE = BenchPlan(
+    "smoke", (200,), 5, (0, 10_000), 200, 10_000, (1, 3), 200, drain_seconds=60, wakeups=3
+)
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
 
@@ -534,6 +537,67 @@ class Bench:
             self.say("  " + _brief(run))
         return runs
 
+    def wakeup(self) -> dict[str, Any]:
+        """How soon a waiting consumer poll returns after the commit that delivers to it.
+
+        One message at a time, not delayed: a consumer waits in ``poll`` (15 s timeout),
+        the message is sent, and the time from its topic commit (Delta history) to the
+        poll's return is the wake-up latency.
+        """
+        from engine.consumer import Consumer
+        from engine.producer import send
+
+        cfg = self.cfg("wakeup")
+        topic = "bench_wakeup"
+        self.say(f"wakeup: {self.plan.wakeups} messages to a waiting consumer poll")
+        returned: list[tuple[int, int]] = []  # (delivery_round, wall ms at return)
+        sent_ms: list[int] = []
+        with self.engine(cfg) as engine:
+            send(self.spark, cfg, topic, "first")
+            consumer = Consumer(self.spark, cfg, "bench", [topic])
+            if not self.drain(engine, self.plan.drain_seconds):
+                raise RuntimeError("wakeup: the first message was not delivered")
+            consumer.poll(timeout=30)
+            consumer.ack()
+            consumer.commit()
+
+            def wait(into: list[Any]) -> None:
+                into.extend(consumer.poll(timeout=30))
+
+            for i in range(self.plan.wakeups):
+                got: list[Any] = []
+                waiter = threading.Thread(target=wait, args=(got,))
+                waiter.start()
+                time.sleep(1.0)  # the poll is waiting
+                sent_ms.append(int(time.time() * 1000))
+                send(self.spark, cfg, topic, f"m{i}")
+                waiter.join()
+                done_ms = int(time.time() * 1000)
+                if got:
+                    returned.append((got[0].delivery_round, done_ms))
+                    consumer.ack()
+                    consumer.commit()
+        commits = dict(
+            (int(r[0]), int(r[1]))
+            for r in commit_times(self.spark, layout(cfg).topic(topic)).collect()
+        )
+        wake = [done - commits[rnd] for rnd, done in returned if rnd in commits]
+        total = [done - sent for (_, done), sent in zip(returned, sent_ms, strict=False)]
+        result = {
+            "messages": self.plan.wakeups,
+            "returned": len(returned),
+            "wake_ms_p50": _pct(wake, 0.5),
+            "wake_ms_p95": _pct(wake, 0.95),
+            "wake_ms_max": max(wake) if wake else None,
+            "send_to_poll_ms_p50": _pct(total, 0.5),
+            "send_to_poll_ms_max": max(total) if total else None,
+        }
+        self.say(
+            f"  poll returned {result['wake_ms_p50']} ms (p50), {result['wake_ms_max']} ms (max) "
+            f"after the topic commit; send to poll return p50 {result['send_to_poll_ms_p50']} ms"
+        )
+        return result
+
     def run(self, workloads: Sequence[str]) -> dict[str, Any]:
         """Run the workloads, write JSON and PNG, and return the results."""
         self.out_dir.mkdir(parents=True, exist_ok=True)
@@ -625,6 +689,13 @@ def table(results: dict[str, Any]) -> str:
             f"{s['missing']}); due 1 s later: p50/p99 {spike['after_1s']['late_p50_ms']}/"
             f"{spike['after_1s']['late_p99_ms']} ms"
         )
+    wake = work.get("wakeup")
+    if wake:
+        lines.append(
+            f"wakeup: a waiting poll returned {wake['wake_ms_p50']} ms (p50), "
+            f"{wake['wake_ms_p95']} ms (p95), {wake['wake_ms_max']} ms (max) after the commit "
+            f"({wake['returned']}/{wake['messages']} messages)"
+        )
     return "\n".join(lines)
 
 
@@ -705,6 +776,6 @@ def chart(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-WORKLOADS = ("steady", "backlog", "spike", "fanout")
+WORKLOADS = ("steady", "backlog", "spike", "fanout", "wakeup")
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]
