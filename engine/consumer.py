@@ -451,6 +451,8 @@ class Consumer:
         self._log_version = -1
         self._batch: list[Received] = []
         self._commit_id = ""
+        #: Wall-clock time a waiting poll last saw a new commit (for measuring wake-ups).
+        self.woke_at: float | None = None
         self._settled: dict[str, str | None] = {}  # msg_id -> None (ack) or the reason
         self._closed = threading.Event()
         self.seq, self._unforwarded = self._restore()
@@ -558,6 +560,7 @@ class Consumer:
             for table in self.tables.values():
                 table.version = self._version(table)
                 if table.version >= 0 and table.empty_at != table.version:
+                    self.woke_at = time.time()
                     return True
             remaining = deadline - time.monotonic()
             if remaining <= 0:
