@@ -20,24 +20,25 @@ def hadoop_path(spark: SparkSession, location: str) -> tuple[Any, Any]:
     return path, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
 
 
+def read_lines(view: Any, fs: Any, path: Any) -> list[str]:
+    """The lines of a small text file (``path`` a Hadoop ``Path`` on ``fs``)."""
+    stream = fs.open(path)
+    try:
+        reader = view.java.io.BufferedReader(view.java.io.InputStreamReader(stream, "UTF-8"))
+        lines = []
+        while (line := reader.readLine()) is not None:
+            lines.append(line)
+        return lines
+    finally:
+        stream.close()
+
+
 def read_text(spark: SparkSession, location: str) -> str | None:
     """The whole text of a small file, or ``None`` when it does not exist."""
     path, fs = hadoop_path(spark, location)
     if not fs.exists(path):
         return None
-    stream = fs.open(path)
-    try:
-        reader = jvm(spark).java.io.BufferedReader(
-            jvm(spark).java.io.InputStreamReader(stream, "UTF-8")
-        )
-        lines = []
-        line = reader.readLine()
-        while line is not None:
-            lines.append(line)
-            line = reader.readLine()
-        return "\n".join(lines)
-    finally:
-        stream.close()
+    return "\n".join(read_lines(jvm(spark), fs, path))
 
 
 def stream_query_id(spark: SparkSession, checkpoint: str) -> str:

@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from engine.fs import hadoop_path, jvm
+from engine.fs import hadoop_path, jvm, read_lines
 
 _NAME = re.compile(r"^(\d{20})(\.plan)?\.json$")
 
@@ -76,17 +76,7 @@ class OffsetLog:
     def read(self, round_: int, planned: bool = False) -> list[dict[str, Any]]:
         """The rows of one round's file."""
         path = self._jvm.org.apache.hadoop.fs.Path(self._dir, self.file_name(round_, planned))
-        stream = self._fs.open(path)
-        try:
-            reader = self._jvm.java.io.BufferedReader(
-                self._jvm.java.io.InputStreamReader(stream, "UTF-8")
-            )
-            lines = []
-            while (line := reader.readLine()) is not None:
-                lines.append(json.loads(line))
-            return lines
-        finally:
-            stream.close()
+        return [json.loads(line) for line in read_lines(self._jvm, self._fs, path)]
 
     def latest(self) -> tuple[int | None, list[dict[str, Any]], list[dict[str, Any]] | None]:
         """The newest committed round and its rows, and a newer plan's rows if any."""
