@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import os
 import socket
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,6 +27,7 @@ from engine.runner import Engine
 from engine.session import REPO_ROOT
 from engine.tables import layout, list_topics
 from tests.conftest import START
+from tests.test_process import PROPS, VENV_BIN
 
 pytestmark = pytest.mark.integration
 
@@ -239,3 +243,30 @@ def test_a_broker_that_cannot_start_shows_its_log(kafka: Broker, tmp_path: Path)
               lib=REPO_ROOT / ".kafka" / "lib")  # fmt: skip
     message = str(err.value)
     assert "Address already in use" in message and "broker.log" in message
+
+
+def test_ingest_job_runs_with_spark_submit(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, tmp_path: Path
+) -> None:
+    topic = f"in_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka)
+    produce(kafka, topic, [(None, b"hi", h(REAL_TOPIC="orders", DELAY="1")),
+                           (None, b"bad", h(DELAY="x", REAL_TOPIC="orders"))])  # fmt: skip
+    settings = {
+        "lakehouse.path": cfg.lakehouse,
+        "kafka.bootstrap_servers": kafka.bootstrap_servers,
+        "kafka.ingest_topics": topic,
+        "spark.log_level": "ERROR",
+        "spark.conf.spark.ui.enabled": "false",
+    }
+    args = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
+    job = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS),
+           "jobs/kafka_ingest.py", "--available-now", *args]  # fmt: skip
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    done = subprocess.run(job, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "1 records stored, 1 quarantined" in done.stdout
+    assert [r["body"] for r in rows(spark, layout(cfg).commitlog)] == [b"hi"]
+    assert [r["reason"] for r in rows(spark, layout(cfg).quarantine)] == [
+        "header DELAY='x' is not a level"
+    ]
