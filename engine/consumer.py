@@ -270,10 +270,15 @@ def known_topics(spark: SparkSession, cfg: EngineConfig, topics: Sequence[str]) 
     return checked
 
 
+def _exists(spark: SparkSession, table: str) -> bool:
+    """Whether a Delta table has been made at ``table`` (a file probe)."""
+    log, fs = hadoop_path(spark, f"{table}/_delta_log")
+    return bool(fs.exists(log))
+
+
 def _ever_sent(spark: SparkSession, cfg: EngineConfig, name: str) -> bool:
     path = layout(cfg).commitlog
-    _, fs = hadoop_path(spark, path)
-    if not fs.exists(jvm(spark).org.apache.hadoop.fs.Path(f"{path}/_delta_log")):
+    if not _exists(spark, path):
         return False
     sent = spark.read.format("delta").load(path).where(F.lower("topic") == name)
     return not sent.limit(1).isEmpty()
@@ -906,15 +911,13 @@ def _stream_batch(
 # ---------------------------------------------------------------------- lag
 
 
-def lag_sql(database: str, consumer_log: str, tables: Mapping[str, str]) -> str:
+def lag_sql(consumer_log: str, tables: Mapping[str, str]) -> str:
     """SQL for each group's lag per topic table: delivered rows after its position.
 
     Args:
-        database: unused in the text, kept for symmetry with the other views.
         consumer_log: path of ``consumer_log``.
         tables: topic table name -> path, for the tables some group has committed.
     """
-    del database
     positions = (
         "SELECT group_name, topic, max(struct(delivery_round, deliver_ts, msg_id)) AS p, "
         "max(committed_ts) AS committed_ts "
@@ -940,8 +943,7 @@ def lag_sql(database: str, consumer_log: str, tables: Mapping[str, str]) -> str:
 
 def _lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
     lay = layout(cfg)
-    _, fs = hadoop_path(spark, lay.consumer_log)
-    if not fs.exists(jvm(spark).org.apache.hadoop.fs.Path(f"{lay.consumer_log}/_delta_log")):
+    if not _exists(spark, lay.consumer_log):
         return None
     present = set(list_topics(spark, cfg))
     log = spark.read.format("delta").load(lay.consumer_log)
@@ -959,7 +961,7 @@ def lag(spark: SparkSession, cfg: EngineConfig, group: str | None = None) -> Dat
         ConsumerError: when ``group`` names a group that never committed.
     """
     tables = _lag_tables(spark, cfg)
-    sql = lag_sql(cfg.database, layout(cfg).consumer_log, tables or {})
+    sql = lag_sql(layout(cfg).consumer_log, tables or {})
     out = spark.sql(sql)
     if group is not None:
         out = out.where(F.col("group_name") == group)
@@ -971,8 +973,7 @@ def lag(spark: SparkSession, cfg: EngineConfig, group: str | None = None) -> Dat
 def groups(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     """Names of the consumer groups that committed at least once."""
     lay = layout(cfg)
-    _, fs = hadoop_path(spark, lay.consumer_log)
-    if not fs.exists(jvm(spark).org.apache.hadoop.fs.Path(f"{lay.consumer_log}/_delta_log")):
+    if not _exists(spark, lay.consumer_log):
         return []
     log = spark.read.format("delta").load(lay.consumer_log)
     return sorted(r[0] for r in log.select("group_name").distinct().collect())
@@ -991,5 +992,5 @@ def register_lag_view(spark: SparkSession, cfg: EngineConfig) -> None:
         return
     if not spark.catalog.databaseExists(cfg.database):
         spark.sql(f"CREATE DATABASE IF NOT EXISTS `{cfg.database}`")
-    body = lag_sql(cfg.database, layout(cfg).consumer_log, tables)
+    body = lag_sql(layout(cfg).consumer_log, tables)
     spark.sql(f"CREATE OR REPLACE VIEW `{cfg.database}`.`consumer_lag` AS {body}")
