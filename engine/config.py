@@ -170,7 +170,10 @@ def _topic_map(key: str, value: object) -> Mapping[str, str]:
 
 
 def _names(key: str, value: object) -> tuple[str, ...]:
-    return tuple(n for n in str(value).replace(",", " ").split() if n)
+    names = tuple(n for n in str(value).replace(",", " ").split() if n)
+    if not names:
+        raise ConfigError(key, value, "name at least one topic")
+    return names
 
 
 # key -> (attribute, parser). The defaults live on the dataclass fields below.

@@ -569,10 +569,11 @@ class Delivery:
                 due_rows.where(F.lower(F.col("topic")) == name), delivered_ts, plan.round
             )
             sink = self.cfg.sink(name)
+            checkpoint = self.progress.checkpoint_id
             if sink != "delta" and not (replayed and kafka_sink.written(
-                self.spark, self.cfg, plan.round, name
+                self.spark, self.cfg, checkpoint, plan.round, name
             )):  # fmt: skip
-                kafka_sink.write(self.spark, self.cfg, rows, plan.round, name)
+                kafka_sink.write(self.spark, self.cfg, rows, checkpoint, plan.round, name)
             if sink == "kafka" or (replayed and self._written(name, plan.round)):
                 return
             writer = (

@@ -23,19 +23,30 @@ from pyspark.sql.streaming.query import StreamingQuery
 
 from engine.clock import Clock, SystemClock
 from engine.config import EngineConfig
+from engine.consumer import ENGINE_PROPERTIES
+from engine.errors import ConfigError, InvalidMessageError
 from engine.fs import stream_query_id
 from engine.kafka_client import (
     HEADER_DELAY_MS,
     HEADER_DELAY_SEC,
     HEADER_DELIVER_MS,
+    HEADER_DELIVER_TS,
     HEADER_KEYS,
     HEADER_LEVEL,
+    HEADER_MSG_ID,
     HEADER_REAL_TOPIC,
     HEADER_TAGS,
     SPECIAL_HEADERS,
     TIMING_HEADERS,
 )
-from engine.tables import ensure_tables, layout
+from engine.tables import (
+    DLQ_PREFIX,
+    RESERVED_TOPICS,
+    RETRY_PREFIX,
+    check_topic,
+    ensure_tables,
+    layout,
+)
 from schemas import COMMITLOG, QUARANTINE
 
 #: Properties recording where a record came from.
@@ -44,8 +55,28 @@ PROP_KAFKA_PARTITION = "KAFKA_PARTITION"
 PROP_KAFKA_OFFSET = "KAFKA_OFFSET"
 
 
+#: Incoming headers with the names of the engine's own properties are not kept: the
+#: engine sets them (a record forwarded from a delivered topic carries old ones).
+OWN_PROPERTIES = (
+    PROP_KAFKA_TOPIC,
+    PROP_KAFKA_PARTITION,
+    PROP_KAFKA_OFFSET,
+    HEADER_MSG_ID,
+    HEADER_DELIVER_TS,
+    *ENGINE_PROPERTIES,
+)
+#: Largest TIMER_DELIVER_MS accepted (year 9999); beyond, the arithmetic would overflow.
+MAX_EPOCH_MS = 253_402_300_799_999
+
+
 def _text(value: Column) -> Column:
-    return F.coalesce(F.decode(value, "UTF-8"), F.lit(""))
+    """Bytes as UTF-8 text; bytes that are not UTF-8 as ``base64:...`` (never an error)."""
+    as_text = value.cast("string")
+    return (
+        F.when(value.isNull(), F.lit(""))
+        .when(F.is_valid_utf8(as_text), as_text)
+        .otherwise(F.concat(F.lit("base64:"), F.base64(value)))
+    )
 
 
 def header(name: str) -> Column:
@@ -58,7 +89,8 @@ def _other_headers() -> Column:
     """Every header the engine does not interpret, as properties (the last value wins)."""
     empty = F.create_map().cast("map<string,string>")
     kept = F.filter(
-        F.coalesce(F.col("headers"), F.array()), lambda h: ~h["key"].isin(*SPECIAL_HEADERS)
+        F.coalesce(F.col("headers"), F.array()),
+        lambda h: ~h["key"].isin(*SPECIAL_HEADERS, *OWN_PROPERTIES),
     )
     return F.aggregate(
         kept,
@@ -95,20 +127,22 @@ def parse_records(records: DataFrame, cfg: EngineConfig, now: datetime) -> DataF
     def bad(name: str, text: Column, expected: str) -> Column:
         return F.concat(F.lit(f"header {name}='"), text, F.lit(f"' is not {expected}"))
 
+    longest = cfg.max_delay_ms
+    within = f"within messages.max_delay={longest // 1000}s"
     reason = (
         F.when(given > 1, F.lit(f"give only one of the headers {', '.join(TIMING_HEADERS)}"))
         .when(level_text.isNotNull() & level.isNull(), bad(HEADER_LEVEL, level_text, "a level"))
         .when(
-            at_text.isNotNull() & at_ms.isNull(),
+            at_text.isNotNull() & (at_ms.isNull() | (at_ms < 0) | (at_ms > MAX_EPOCH_MS)),
             bad(HEADER_DELIVER_MS, at_text, "ms since the epoch"),
         )
         .when(
-            sec_text.isNotNull() & (sec.isNull() | (sec < 0)),
-            bad(HEADER_DELAY_SEC, sec_text, "whole seconds >= 0"),
+            sec_text.isNotNull() & (sec.isNull() | (sec < 0) | (sec > longest // 1000)),
+            bad(HEADER_DELAY_SEC, sec_text, f"whole seconds >= 0 {within}"),
         )
         .when(
-            ms_text.isNotNull() & (ms.isNull() | (ms < 0)),
-            bad(HEADER_DELAY_MS, ms_text, "whole milliseconds >= 0"),
+            ms_text.isNotNull() & (ms.isNull() | (ms < 0) | (ms > longest)),
+            bad(HEADER_DELAY_MS, ms_text, f"whole milliseconds >= 0 {within}"),
         )
         .when(
             real_topic.isNull(),
@@ -118,13 +152,23 @@ def parse_records(records: DataFrame, cfg: EngineConfig, now: datetime) -> DataF
                 F.lit("'"),
             ),
         )
+        .when(
+            F.lower(real_topic).startswith(RETRY_PREFIX)
+            | F.lower(real_topic).startswith(DLQ_PREFIX)
+            | F.lower(real_topic).isin(*sorted(RESERVED_TOPICS)),
+            F.concat(F.lit("topic '"), real_topic, F.lit("' is reserved for the engine")),
+        )
         .when(F.col("value").isNull(), F.lit("the record has no value (body)"))
     )
+    # Computed for good records only: the bounds above keep the arithmetic from overflowing.
     delay_ms = F.coalesce(sec * 1000, ms)
-    deliver_at = F.when(at_ms.isNotNull(), F.timestamp_millis(at_ms)).when(
-        delay_ms.isNotNull(), F.timestamp_millis(now_ms + delay_ms)
+    deliver_at = F.when(
+        reason.isNull(),
+        F.when(at_ms.isNotNull(), F.timestamp_millis(at_ms)).when(
+            delay_ms.isNotNull(), F.timestamp_millis(now_ms + delay_ms)
+        ),
     )
-    kafka_key = F.decode(F.col("key"), "UTF-8")
+    kafka_key = F.when(F.col("key").isNotNull(), _text(F.col("key")))
     extra_keys = F.filter(
         F.split(F.coalesce(header(HEADER_KEYS), F.lit("")), " "), lambda k: F.length(k) > 0
     )
@@ -136,9 +180,9 @@ def parse_records(records: DataFrame, cfg: EngineConfig, now: datetime) -> DataF
         F.lit(PROP_KAFKA_PARTITION), F.col("partition").cast("string"),
         F.lit(PROP_KAFKA_OFFSET), F.col("offset").cast("string"),
     )  # fmt: skip
-    msg_id = F.upper(
-        F.md5(F.concat_ws(":", F.col("topic"), F.col("partition"), F.col("offset")).cast("binary"))
-    )
+    # The record's timestamp too: a topic deleted and made again reuses offsets.
+    where = [F.col(c).cast("string") for c in ("topic", "partition", "offset")]
+    msg_id = F.upper(F.md5(F.concat_ws(":", *where, F.unix_micros("timestamp")).cast("binary")))
     message = {
         "msg_id": msg_id,
         "topic": F.coalesce(real_topic, F.col("topic")),
@@ -211,6 +255,26 @@ def write_batch(
         rows.unpersist()
 
 
+def check_topic_map(cfg: EngineConfig) -> None:
+    """Fail at start when ``kafka.topic_map`` maps to a topic that cannot be delivered to,
+    or maps a Kafka topic the job does not read.
+
+    Raises:
+        ConfigError: naming the key and the entry.
+    """
+    for source, target in cfg.kafka_topic_map.items():
+        entry = f"{source}={target}"
+        try:
+            check_topic(target)
+        except InvalidMessageError as err:
+            raise ConfigError("kafka.topic_map", entry, str(err)) from None
+        if source not in cfg.kafka_ingest_topics:
+            read = ", ".join(cfg.kafka_ingest_topics)
+            raise ConfigError(
+                "kafka.topic_map", entry, f"{source} is not read (kafka.ingest_topics: {read})"
+            )
+
+
 def start_ingest(
     spark: SparkSession,
     cfg: EngineConfig,
@@ -233,6 +297,7 @@ def start_ingest(
     Returns:
         The query; its checkpoint is ``_checkpoints/kafka_ingest``.
     """
+    check_topic_map(cfg)
     clock = clock or SystemClock()
     ensure_tables(spark, cfg)
     source = (

@@ -15,10 +15,11 @@ from __future__ import annotations
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.config import EngineConfig
-from engine.fs import hadoop_path
+from engine.config import SINKS, EngineConfig
+from engine.errors import ConfigError, InvalidMessageError
+from engine.fs import hadoop_path, jvm
 from engine.kafka_client import HEADER_DELIVER_TS, HEADER_MSG_ID, HEADER_TAGS
-from engine.tables import layout
+from engine.tables import check_topic, layout
 
 
 def kafka_records(rows: DataFrame, kafka_topic: str) -> DataFrame:
@@ -54,25 +55,68 @@ def kafka_records(rows: DataFrame, kafka_topic: str) -> DataFrame:
     )
 
 
-def _marker(cfg: EngineConfig, round_: int, topic: str) -> str:
-    return f"{layout(cfg).checkpoint('kafka_sink')}/{round_:020d}-{topic}"
+#: Bounds on how long one write may block on an unreachable broker (Kafka's defaults are
+#: 60 s and 120 s); the round then fails and is retried with back-off.
+PRODUCER_TIMEOUTS = {"kafka.max.block.ms": "20000", "kafka.delivery.timeout.ms": "30000"}
 
 
-def written(spark: SparkSession, cfg: EngineConfig, round_: int, topic: str) -> bool:
+def check_sinks(cfg: EngineConfig) -> None:
+    """Fail at start when ``kafka.sinks`` names a topic that cannot be one.
+
+    Raises:
+        ConfigError: naming the key and the topic.
+    """
+    for topic, sink in cfg.kafka_sinks.items():
+        key = f"kafka.sinks.{topic}"
+        try:
+            check_topic(topic)
+        except InvalidMessageError as err:
+            raise ConfigError(key, sink, f"not a topic that can be delivered to: {err}") from None
+        if sink not in SINKS:
+            raise ConfigError(key, sink, f"expected one of {', '.join(SINKS)}")
+        if sink != "delta" and topic in cfg.kafka_ingest_topics:
+            raise ConfigError(key, sink, "is also an ingest topic: deliveries would loop back")
+
+
+def _markers(cfg: EngineConfig, checkpoint_id: str) -> str:
+    # Per delivery checkpoint: a new checkpoint starts its rounds again from 0.
+    return f"{layout(cfg).checkpoint('kafka_sink')}/{checkpoint_id}"
+
+
+def written(
+    spark: SparkSession, cfg: EngineConfig, checkpoint_id: str, round_: int, topic: str
+) -> bool:
     """Whether round ``round_`` finished its write to Kafka topic ``topic``."""
-    path, fs = hadoop_path(spark, _marker(cfg, round_, topic))
+    path, fs = hadoop_path(spark, f"{_markers(cfg, checkpoint_id)}/{round_:020d}-{topic}")
     return bool(fs.exists(path))
 
 
-def write(spark: SparkSession, cfg: EngineConfig, rows: DataFrame, round_: int, topic: str) -> None:
-    """Write a round's rows of one topic to Kafka, then mark the write done."""
-    (
-        kafka_records(rows, topic)
-        .write.format("kafka")
-        .option("kafka.bootstrap.servers", cfg.kafka_bootstrap)
-        .option("kafka.acks", "all")
-        .option("kafka.enable.idempotence", "true")
-        .save()
-    )
-    path, fs = hadoop_path(spark, _marker(cfg, round_, topic))
-    fs.create(path, True).close()
+def write(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    rows: DataFrame,
+    checkpoint_id: str,
+    round_: int,
+    topic: str,
+) -> None:
+    """Write a round's rows of one topic to Kafka, then mark the write done.
+
+    Only the round in progress can be replayed, so the topic's older markers are removed.
+    """
+    writer = kafka_records(rows, topic).write.format("kafka")
+    settings = {
+        "kafka.bootstrap.servers": cfg.kafka_bootstrap,
+        "kafka.acks": "all",
+        "kafka.enable.idempotence": "true",
+        **PRODUCER_TIMEOUTS,
+    }
+    for key, value in settings.items():
+        writer = writer.option(key, value)
+    writer.save()
+    folder, fs = hadoop_path(spark, _markers(cfg, checkpoint_id))
+    name = f"{round_:020d}-{topic}"
+    fs.create(jvm(spark).org.apache.hadoop.fs.Path(folder, name), True).close()
+    for status in fs.listStatus(folder):
+        old = status.getPath().getName()
+        if old.endswith(f"-{topic}") and old < name:
+            fs.delete(status.getPath(), False)

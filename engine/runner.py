@@ -36,6 +36,7 @@ from engine.delivery import (
 )
 from engine.errors import CheckpointError, DelayQError, DeliveryError, RetryableError
 from engine.fs import hadoop_path
+from engine.kafka_sink import check_sinks
 from engine.stamp import StampWriter
 from engine.tables import (
     Layout,
@@ -173,6 +174,7 @@ class Engine:
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.out = out
+        check_sinks(cfg)
         self.layout = ensure_tables(spark, cfg)
         if cfg.register_tables:
             register_topic_tables(spark, cfg)

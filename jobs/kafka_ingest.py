@@ -39,7 +39,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         spark = build_spark(cfg)
-        query = start_ingest(spark, cfg, available_now=args.available_now, out=print)
+        query = start_ingest(
+            spark, cfg, available_now=args.available_now, out=lambda line: print(line, flush=True)
+        )
         topics = ", ".join(cfg.kafka_ingest_topics)
         print(f"kafka_ingest: {cfg.kafka_bootstrap} [{topics}] -> {cfg.lakehouse_path}/commitlog")
         try:
