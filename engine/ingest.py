@@ -113,9 +113,8 @@ def parse_records(records: DataFrame, cfg: EngineConfig, now: datetime) -> DataF
     sec_text, ms_text = header(HEADER_DELAY_SEC), header(HEADER_DELAY_MS)
     level, at_ms = level_text.try_cast("int"), at_text.try_cast("long")
     sec, ms = sec_text.try_cast("long"), ms_text.try_cast("long")
-    given = sum(
-        (F.when(header(name).isNotNull(), 1).otherwise(0) for name in TIMING_HEADERS), F.lit(0)
-    )
+    timing = (level_text, at_text, sec_text, ms_text)  # the TIMING_HEADERS, read once
+    given = sum((F.when(t.isNotNull(), 1).otherwise(0) for t in timing), F.lit(0))
     mapping = F.create_map(*[F.lit(x) for pair in cfg.kafka_topic_map.items() for x in pair])
     real_topic = F.coalesce(
         header(HEADER_REAL_TOPIC),
