@@ -20,7 +20,7 @@ BENCH_ARGS ?=
 
 KAFKA_HOME := .kafka
 
-.PHONY: help setup venv jars kafka-jars kafka-up kafka-down ingest run engine status test test-quick bench check lint typecheck clean distclean
+.PHONY: help setup venv jars kafka-jars kafka-up kafka-down ingest run engine status test test-quick bench check lint typecheck imports clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -62,10 +62,10 @@ $(KAFKA_HOME)/lib/.resolved: build/kafka/pom.xml
 	@touch $@
 
 kafka-up: venv kafka-jars ## Start a local Kafka broker (KRaft) on 127.0.0.1:9092, data in .kafka/
-	$(BIN)/python -m engine.broker up --home $(KAFKA_HOME) $(ARGS)
+	$(BIN)/python -m jobs.tools.broker up --home $(KAFKA_HOME) $(ARGS)
 
 kafka-down: venv ## Stop the local Kafka broker
-	$(BIN)/python -m engine.broker down --home $(KAFKA_HOME)
+	$(BIN)/python -m jobs.tools.broker down --home $(KAFKA_HOME)
 
 ingest: setup ## Run the Kafka ingest job (kafka.ingest_topics -> commitlog) until Ctrl-C
 	$(SUBMIT) jobs/kafka_ingest.py $(ARGS)
@@ -88,7 +88,7 @@ test-quick: setup ## Run only the fast tests (no Spark)
 bench: setup ## Benchmark (MODE=quick, ~15-20 min, or MODE=full): JSON + PNG in bench/out/
 	$(SUBMIT) --driver-memory 12g jobs/bench.py --mode $(MODE) $(BENCH_ARGS)
 
-check: lint typecheck ## ruff and mypy
+check: lint typecheck imports ## ruff, mypy and the import contracts
 
 lint: venv
 	$(BIN)/ruff check .
@@ -96,6 +96,9 @@ lint: venv
 
 typecheck: venv
 	$(BIN)/mypy
+
+imports: venv ## The layout's import contracts (pyproject.toml [tool.importlinter])
+	$(BIN)/lint-imports
 
 clean: ## Remove the local lakehouse and test leftovers (keeps .venv and .jars)
 	rm -rf lakehouse spark-warehouse metastore_db derby.log .pytest_cache .mypy_cache .ruff_cache

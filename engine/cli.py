@@ -36,8 +36,8 @@ from typing import Any
 
 from pyspark.sql import functions as F
 
-from engine.config import EngineConfig, load_config, parse_override
-from engine.errors import DelayQError
+from engine.core.config import EngineConfig, load_config, parse_override
+from engine.core.errors import DelayQError
 
 DEMO_TOPICS = ("orders", "notifications")
 DEMO_MAX_LEVEL = 4  # 30 s with the default table: the demo ends within a minute
@@ -213,8 +213,8 @@ def _messages_from_file(path: str) -> list[dict[str, Any]]:
 
 def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq send``: print the id of every message sent."""
-    from engine.producer import send_many
-    from engine.session import build_spark
+    from engine.lakehouse.session import build_spark
+    from engine.produce.send import send_many
 
     if args.file:
         messages = _messages_from_file(args.file)
@@ -242,7 +242,8 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def show_topics(spark: Any, cfg: EngineConfig, limit: int) -> None:
     """Print each topic table's newest rows, with the lateness of each delivery."""
-    from engine.tables import layout, list_topics
+    from engine.lakehouse.delta_log import list_topics
+    from engine.lakehouse.layout import layout
 
     for name in list_topics(spark, cfg):
         df = spark.read.format("delta").load(layout(cfg).topic(name))
@@ -261,9 +262,9 @@ def show_topics(spark: Any, cfg: EngineConfig, limit: int) -> None:
 
 def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq run`` (and the spark-submit job): run the engine."""
-    from engine.producer import send_many
-    from engine.runner import Engine
-    from engine.session import build_spark
+    from engine.lakehouse.session import build_spark
+    from engine.produce.send import send_many
+    from engine.run.engine import Engine
 
     spark = build_spark(cfg)
     engine = Engine(spark, cfg)
@@ -295,9 +296,9 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq status``: counts per level from the tables and the checkpoint."""
-    from engine.runner import read_status
-    from engine.session import build_spark
-    from engine.tables import ensure_tables
+    from engine.control.status import read_status
+    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.tables import ensure_tables
 
     spark = build_spark(cfg)
     status = read_status(spark, cfg, ensure_tables(spark, cfg))
@@ -316,7 +317,7 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 
 def _print_lag(spark: Any, cfg: EngineConfig, group: str | None) -> None:
-    from engine.consumer import lag
+    from engine.consume.lag import lag
 
     rows = lag(spark, cfg, group).collect()
     if not rows and group is None:
@@ -328,7 +329,7 @@ def _print_lag(spark: Any, cfg: EngineConfig, group: str | None) -> None:
 
 def cmd_lag(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq lag``: each group's lag per topic table."""
-    from engine.session import build_spark
+    from engine.lakehouse.session import build_spark
 
     _print_lag(build_spark(cfg), cfg, args.group)
     return 0
@@ -336,8 +337,8 @@ def cmd_lag(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_dlq(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq dlq``: list, show, resend or purge a group's dead letters."""
-    from engine import deadletter
-    from engine.session import build_spark
+    from engine.consume import deadletter
+    from engine.lakehouse.session import build_spark
 
     spark = build_spark(cfg)
     action = args.dlq_command
@@ -376,8 +377,9 @@ def cmd_dlq(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_topics(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq topics``: every topic table with its row count."""
-    from engine.session import build_spark
-    from engine.tables import layout, list_topics
+    from engine.lakehouse.delta_log import list_topics
+    from engine.lakehouse.layout import layout
+    from engine.lakehouse.session import build_spark
 
     spark = build_spark(cfg)
     for name in list_topics(spark, cfg):
@@ -388,7 +390,7 @@ def cmd_topics(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_sql(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq sql``: run a query in a session with every table registered."""
-    from engine.session import build_spark
+    from engine.lakehouse.session import build_spark
 
     build_spark(cfg).sql(args.query).show(args.limit, truncate=False)
     return 0
@@ -396,8 +398,8 @@ def cmd_sql(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_pending(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq pending``: waiting messages, soonest first, with counts per topic."""
-    from engine.inspect import pending
-    from engine.session import build_spark
+    from engine.control.inspect import pending
+    from engine.lakehouse.session import build_spark
 
     spark = build_spark(cfg)
     rows = pending(spark, cfg)
@@ -414,9 +416,9 @@ def cmd_pending(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_forecast(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq forecast``: pending messages per minute over the next minutes."""
-    from engine.clock import SystemClock
-    from engine.inspect import forecast
-    from engine.session import build_spark
+    from engine.control.inspect import forecast
+    from engine.core.clock import SystemClock
+    from engine.lakehouse.session import build_spark
 
     forecast(build_spark(cfg), cfg, SystemClock().now(), args.minutes).show(
         args.minutes + 1, truncate=False
@@ -426,8 +428,8 @@ def cmd_forecast(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_history(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq history``: sent, stamped, quarantined and delivered events, in order."""
-    from engine.inspect import history
-    from engine.session import build_spark
+    from engine.control.inspect import history
+    from engine.lakehouse.session import build_spark
 
     history(build_spark(cfg), cfg, msg_id=args.msg_id, key=args.key).show(200, truncate=False)
     return 0
@@ -447,8 +449,8 @@ def _outcome(result: Any) -> int:
 
 def cmd_cancel(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq cancel``: exit 0 when something was cancelled, 1 otherwise."""
-    from engine.commands import cancel
-    from engine.session import build_spark
+    from engine.control.commands import cancel
+    from engine.lakehouse.session import build_spark
 
     spark = build_spark(cfg)
     return _outcome(cancel(spark, cfg, args.msg_id, key=args.key, topic=args.topic, wait=args.wait))
@@ -456,8 +458,8 @@ def cmd_cancel(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_reschedule(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq reschedule``: exit 0 when the message was moved, 1 otherwise."""
-    from engine.commands import reschedule
-    from engine.session import build_spark
+    from engine.control.commands import reschedule
+    from engine.lakehouse.session import build_spark
 
     spark = build_spark(cfg)
     result = reschedule(

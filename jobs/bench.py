@@ -5,7 +5,7 @@
         [--out bench/out] [--set key=value ...]
 
 Writes ``<out>/<UTC time>-<mode>.json`` and ``.png`` and prints a short table. Quick mode
-takes 15-20 minutes on 2 cores; full mode over an hour (see ``engine.bench``).
+takes 15-20 minutes on 2 cores; full mode over an hour (see ``jobs.tools.benchmark``).
 """
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ import logging
 import sys
 from pathlib import Path
 
-from engine.bench import PLANS, WORKLOADS, Bench, table
 from engine.cli import config_from_args
-from engine.errors import DelayQError
-from engine.session import build_spark
+from engine.core.errors import DelayQError
+from engine.lakehouse.session import build_spark
+from jobs.tools.benchmark import PLANS, WORKLOADS, Bench, table
 
 
 def main(argv: list[str] | None = None) -> int:

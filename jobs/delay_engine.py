@@ -17,7 +17,7 @@ import argparse
 import sys
 
 from engine.cli import add_run_arguments, cmd_run, config_from_args
-from engine.errors import DelayQError
+from engine.core.errors import DelayQError
 
 
 def main(argv: list[str] | None = None) -> int:

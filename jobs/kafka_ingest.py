@@ -4,7 +4,7 @@ Reads ``kafka.ingest_topics`` from ``kafka.bootstrap_servers`` (``make kafka-up`
 local broker) and stores each record in ``commitlog``, exactly once across restarts; records
 with bad headers go to ``quarantine`` with the reason. The delay comes from the headers
 ``DELAY``, ``TIMER_DELIVER_MS``, ``TIMER_DELAY_SEC`` or ``TIMER_DELAY_MS``, the real topic
-from ``REAL_TOPIC`` or ``kafka.topic_map`` (see ``engine.kafka_client``)::
+from ``REAL_TOPIC`` or ``kafka.topic_map`` (see ``engine.core.kafka_headers``)::
 
     .venv/bin/spark-submit --properties-file .jars/spark-defaults.conf \\
         jobs/kafka_ingest.py [--set kafka.ingest_topics=in_a,in_b] [--available-now]
@@ -19,9 +19,9 @@ import sys
 import time
 
 from engine.cli import config_from_args
-from engine.errors import DelayQError
-from engine.ingest import start_ingest
-from engine.session import build_spark
+from engine.core.errors import DelayQError
+from engine.lakehouse.session import build_spark
+from engine.produce.kafka_ingest import start_ingest
 
 
 def main(argv: list[str] | None = None) -> int:

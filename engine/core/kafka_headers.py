@@ -1,8 +1,7 @@
-"""Send delayed messages through Kafka with kafka-python, and the header names the engine reads.
+"""Kafka header names the engine reads and writes, and the headers that ask for a delay.
 
-The ingest job (``jobs/kafka_ingest.py``) reads Kafka records into ``commitlog``. A record's
-value is the body and its key the first key. Its delay comes from one header, named as in
-RocketMQ where RocketMQ has one:
+The ingest job (:mod:`engine.produce.kafka_ingest`) reads a record's delay from one header,
+named as in RocketMQ where RocketMQ has one:
 
 | header              | value (UTF-8 text)                | meaning                               |
 |---------------------|-----------------------------------|---------------------------------------|
@@ -15,24 +14,23 @@ RocketMQ where RocketMQ has one:
 | ``TAGS``            | a tag                             | the message tag (RocketMQ's ``TAGS``) |
 
 (1) Without it, ``kafka.topic_map`` names the real topic. No delay header: delivered at
-once. Other headers become properties. Delivered to Kafka, a message carries its properties
-as headers, plus ``DELAYQ_MSG_ID``, ``DELAYQ_DELIVER_TS`` (ms) and ``TAGS``.
+once. Other headers become properties. Delivered to Kafka (:mod:`engine.deliver.kafka_sink`),
+a message carries its properties as headers, plus ``DELAYQ_MSG_ID``, ``DELAYQ_DELIVER_TS``
+(ms) and ``TAGS``.
 
 Example:
-    >>> producer = DelayedProducer("127.0.0.1:9092")  # doctest: +SKIP
-    >>> producer.send("delayq_in", b"remind", topic="orders", delay="15m", key="order-7")
-    >>> producer.send("delayq_in", b"close", topic="orders", deliver_at=1767268800000)
-    >>> producer.flush()
+    >>> delay_headers(topic="orders", delay_level=3)
+    [('REAL_TOPIC', b'orders'), ('DELAY', b'3')]
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from datetime import datetime, timedelta
-from typing import Any
 
-from engine.clock import to_millis
-from engine.errors import InvalidMessageError
+from engine.core.clock import to_millis
+from engine.core.errors import ConfigError, InvalidMessageError
+from engine.core.levels import parse_duration_ms
 
 HEADER_LEVEL = "DELAY"
 HEADER_DELIVER_MS = "TIMER_DELIVER_MS"
@@ -108,9 +106,6 @@ def delay_headers(
 
 
 def _delay_ms(delay: timedelta | str | int) -> int:
-    from engine.errors import ConfigError
-    from engine.levels import parse_duration_ms
-
     if isinstance(delay, timedelta):
         return int(delay.total_seconds() * 1000)
     if isinstance(delay, int) and not isinstance(delay, bool):
@@ -119,59 +114,3 @@ def _delay_ms(delay: timedelta | str | int) -> int:
         return parse_duration_ms(str(delay), "delay")
     except ConfigError:
         raise InvalidMessageError("delay", delay, "expected e.g. '90s', '15m', '2d'") from None
-
-
-class DelayedProducer:
-    """A kafka-python producer (idempotent, ``acks=all``) that sets the delay headers.
-
-    Args:
-        bootstrap_servers: the Kafka brokers.
-        **config: more ``KafkaProducer`` settings.
-    """
-
-    def __init__(self, bootstrap_servers: str, **config: Any) -> None:
-        from kafka import KafkaProducer
-
-        settings: dict[str, Any] = {"acks": "all", "enable_idempotence": True, **config}
-        self._producer = KafkaProducer(bootstrap_servers=bootstrap_servers, **settings)
-
-    def send(
-        self,
-        kafka_topic: str,
-        value: bytes | str,
-        *,
-        key: bytes | str | None = None,
-        topic: str | None = None,
-        delay_level: int | None = None,
-        deliver_at: datetime | int | None = None,
-        delay: timedelta | str | int | None = None,
-        keys: str | list[str] | None = None,
-        tags: str | None = None,
-        properties: Mapping[str, str] | None = None,
-    ) -> Any:
-        """Send one record to ``kafka_topic`` (the ingest job's topic); returns its future.
-
-        ``topic`` is the real topic the engine delivers to; the delay arguments are those of
-        :func:`delay_headers`.
-        """
-        headers = delay_headers(
-            topic=topic, delay_level=delay_level, deliver_at=deliver_at, delay=delay,
-            keys=keys, tags=tags, properties=properties,
-        )  # fmt: skip
-        raw_key = key.encode("utf-8") if isinstance(key, str) else key
-        body = value.encode("utf-8") if isinstance(value, str) else value
-        return self._producer.send(kafka_topic, value=body, key=raw_key, headers=headers)
-
-    def flush(self, timeout: float | None = None) -> None:
-        """Wait until every record sent is acknowledged."""
-        self._producer.flush(timeout)
-
-    def close(self) -> None:
-        """Flush and close the producer."""
-        self._producer.close()
-
-    def __enter__(self) -> DelayedProducer:
-        return self
-
-    def __exit__(self, *_exc: object) -> None:
-        self.close()

@@ -5,10 +5,11 @@ Two streaming queries run in one Spark application:
 * ``delayq-stamp``: ``commitlog`` (Delta source) -> ``foreachBatch`` (:class:`StampWriter`)
   -> ``schedule`` / ``quarantine``;
 * ``delayq-deliver``: a ``rate-micro-batch`` ticker -> ``foreachBatch`` running one
-  delivery round (:meth:`Delivery.run_round`) per tick.
+  delivery round (:meth:`Delivery.run_round`) per tick; after each round the engine names
+  new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.Catalog`).
 
 Example:
-    >>> engine = Engine(spark, cfg)              # doctest: +SKIP
+    >>> engine = Engine(spark, cfg).open()       # doctest: +SKIP
     >>> engine.run(until_idle=True)              # doctest: +SKIP
 """
 
@@ -24,26 +25,17 @@ from dataclasses import dataclass, field
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from engine.clock import Clock, SystemClock
-from engine.config import EngineConfig
-from engine.delivery import (
-    Delivery,
-    Plan,
-    Progress,
-    RoundResult,
-    correct_deliver_timestamps,
-    read_checkpoint,
-)
-from engine.errors import CheckpointError, DelayQError, DeliveryError, RetryableError
-from engine.fs import hadoop_path
-from engine.kafka_sink import check_sinks
-from engine.stamp import StampWriter
-from engine.tables import (
-    Layout,
-    ensure_tables,
-    list_topics,
-    register_topic_tables,
-)
+from engine.control.status import Status, read_status
+from engine.core.clock import Clock, SystemClock
+from engine.core.config import EngineConfig
+from engine.core.errors import DelayQError, DeliveryError, RetryableError
+from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
+from engine.deliver.round import Delivery, RoundResult
+from engine.deliver.sinks import SinkFactory, Sinks
+from engine.lakehouse.catalog import Catalog
+from engine.lakehouse.layout import layout
+from engine.lakehouse.tables import ensure_tables
+from engine.stamp.writer import StampWriter
 
 log = logging.getLogger("delayq")
 
@@ -53,85 +45,6 @@ ERROR_BACKOFF_S = 10.0  # RocketMQ waits 10 s after a failed delivery attempt
 MAX_FAILED_ROUNDS = 30  # about 5 minutes of failures in a row stops the engine
 IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is pending
 STOP_WAIT_S = 60.0  # longest stop() waits for a delivery round in progress
-
-
-@dataclass(frozen=True)
-class Status:
-    """What the engine holds right now.
-
-    Attributes:
-        sent: rows in ``commitlog``.
-        unstamped: rows sent but not yet stamped (and seen by a delivery round) or quarantined.
-        pending: per queue, stamped rows not yet delivered.
-        delivered: per queue, rows delivered so far.
-        quarantined: rows refused, with a reason in ``quarantine``.
-        watermark: the committed delivery watermark.
-        cancelled: rows cancelled (a reschedule cancels the old row and adds a new one).
-    """
-
-    sent: int
-    unstamped: int
-    pending: dict[int, int]
-    delivered: dict[int, int]
-    quarantined: int
-    watermark: str
-    cancelled: int = 0
-
-    @property
-    def pending_total(self) -> int:
-        """Rows stamped and waiting."""
-        return sum(self.pending.values())
-
-    @property
-    def idle(self) -> bool:
-        """Nothing waits: every sent row is delivered, cancelled or quarantined."""
-        return self.unstamped == 0 and self.pending_total == 0
-
-    def line(self, label: Callable[[int], str]) -> str:
-        """One progress line, e.g. ``pending L1 (1s)=3 | delivered 12 | quarantined 0``."""
-        waiting = " ".join(f"{label(q)}={n}" for q, n in sorted(self.pending.items()) if n)
-        cancelled = f" | cancelled {self.cancelled}" if self.cancelled else ""
-        return (
-            f"sent {self.sent} | to stamp {self.unstamped} | pending {waiting or 'none'}"
-            f" | delivered {sum(self.delivered.values())}{cancelled}"
-            f" | quarantined {self.quarantined}"
-        )
-
-
-def _count(spark: SparkSession, path: str) -> int:
-    # A plain count(*) on a Delta table is answered from the log's statistics.
-    return int(spark.read.format("delta").load(path).count())
-
-
-def read_status(
-    spark: SparkSession, cfg: EngineConfig, layout: Layout, progress: Progress | None = None
-) -> Status:
-    """Compute :class:`Status` from the tables (and the given or stored checkpoint)."""
-    if progress is None:
-        progress, _ = read_checkpoint(spark, layout)
-    # Counted by the delivery rounds and kept in the checkpoint: no scan of `schedule`,
-    # whose size grows with the backlog. Rows stamped since the last round show as unstamped.
-    queues = progress.queues.items()
-    pending = {
-        q: p.stamped_total - p.delivered_total - p.cancelled_total
-        for q, p in queues
-        if p.stamped_total
-    }
-    delivered = {q: p.delivered_total for q, p in queues if p.delivered_total}
-    # Rows a reschedule added to `schedule` were not sent: they do not count as stamped sends.
-    stamped_sends = sum(p.stamped_total - p.rescheduled_total for _, p in queues)
-    rescheduled = sum(p.rescheduled_total for _, p in queues)
-    sent = _count(spark, layout.commitlog)
-    quarantined = _count(spark, layout.quarantine)
-    return Status(
-        sent=sent,
-        unstamped=max(sent - stamped_sends - quarantined, 0),
-        pending=pending,
-        delivered=delivered,
-        quarantined=quarantined,
-        watermark=progress.watermark.isoformat(timespec="milliseconds"),
-        cancelled=sum(p.cancelled_total for _, p in queues) - rescheduled,
-    )
 
 
 @dataclass
@@ -154,12 +67,17 @@ class DeliveryStats:
 class Engine:
     """The delayed-delivery engine over one lakehouse.
 
+    The constructor only holds what it is given; :meth:`open` creates and migrates the
+    tables, checks the checkpoints, replays an interrupted round and corrects deliver times.
+    :meth:`run`, :meth:`start` and :meth:`step` open the engine if it is not open yet.
+
     Args:
-        spark: a Delta-enabled session (:func:`engine.session.build_spark`).
+        spark: a Delta-enabled session (:func:`engine.lakehouse.session.build_spark`).
         cfg: engine configuration.
         clock: the engine clock; the system clock by default.
         out: where progress lines go.
-        after_topic_writes: test hook, see :class:`~engine.delivery.Delivery`.
+        sinks: builds the topic sinks of a delivery checkpoint (default: as ``kafka.sinks``
+            says).
     """
 
     def __init__(
@@ -168,52 +86,42 @@ class Engine:
         cfg: EngineConfig,
         clock: Clock | None = None,
         out: Callable[[str], None] = print,
-        after_topic_writes: Callable[[Plan], None] | None = None,
+        sinks: SinkFactory = Sinks,
     ) -> None:
         self.spark = spark
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.out = out
-        check_sinks(cfg)
-        self.layout = ensure_tables(spark, cfg)
-        if cfg.register_tables:
-            register_topic_tables(spark, cfg)
+        self.layout = layout(cfg)
         self.stamper = StampWriter(cfg, self.layout, self.clock)
-        self._check_stamp_checkpoint()
-        self.delivery = Delivery(spark, cfg, self.layout, self.clock, after_topic_writes)
-        self._check_delivery_checkpoint()
+        self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks)
+        self.catalog = Catalog(spark, cfg)
         self.stats = DeliveryStats()
         self.queries: list[StreamingQuery] = []
         self._stopping = threading.Event()
         self._round = threading.Lock()  # held while a delivery round runs
-        self._recover()
+        self._opened = False
 
     # ----------------------------------------------------------------- start-up
 
-    def _check_stamp_checkpoint(self) -> None:
-        offsets, fs = hadoop_path(self.spark, self.layout.checkpoint("stamp") + "/offsets")
-        stamped = not self.spark.read.format("delta").load(self.layout.schedule).isEmpty()
-        if stamped and not fs.exists(offsets):
-            raise CheckpointError(
-                f"{self.layout.schedule} holds stamped rows but the stamping checkpoint "
-                f"{self.layout.checkpoint('stamp')} is missing: restore it, or start from an "
-                "empty lakehouse (stamping again would schedule every message twice)"
-            )
+    def open(self) -> Engine:
+        """Create or upgrade the tables, check the checkpoints, recover; returns ``self``.
 
-    def _check_delivery_checkpoint(self) -> None:
-        fresh = self.delivery.progress.round < 0 and self.delivery.pending is None
-        # Empty topic tables (made by a streaming consumer before any delivery) are fine.
-        delivered = [
-            name
-            for name in (list_topics(self.spark, self.cfg) if fresh else [])
-            if not self.spark.read.format("delta").load(self.layout.topic(name)).isEmpty()
-        ]
-        if delivered:
-            raise CheckpointError(
-                f"topic tables exist under {self.layout.topics} but the delivery checkpoint "
-                f"{self.layout.delay_offset} is empty: restore it, or start from an empty "
-                "lakehouse (delivering again from the start would duplicate every message)"
-            )
+        Raises:
+            CheckpointError: when a checkpoint is missing but the tables it guards are not
+                empty (starting would stamp or deliver everything again).
+        """
+        if self._opened:
+            return self
+        ensure_tables(self.spark, self.cfg)
+        self.delivery.open()
+        check_checkpoints(
+            self.spark, self.cfg, self.layout, self.delivery.progress, self.delivery.pending
+        )
+        self.catalog.open()
+        self._recover()
+        self._opened = True
+        return self
 
     def _recover(self) -> None:
         if self.delivery.pending is not None:
@@ -221,7 +129,7 @@ class Engine:
             self.out(
                 f"replaying interrupted delivery round {plan.round} (watermark {plan.watermark})"
             )
-            result = self.delivery.run_round()
+            result = self._deliver()
             self.out(f"round {result.round} replayed: {result.delivered} rows written")
         # A plan still pending (its replay waits for the clock) has fixed a later watermark.
         floor = (self.delivery.pending or self.delivery.progress).watermark
@@ -238,6 +146,7 @@ class Engine:
 
     def stamp_available(self) -> None:
         """Stamp everything in ``commitlog`` now (an ``availableNow`` run of the stamp stream)."""
+        self.open()
         query = self._stamp_query(available_now=True)
         try:
             query.awaitTermination()
@@ -246,11 +155,15 @@ class Engine:
 
     def step(self) -> RoundResult:
         """Stamp what is available, then run one delivery round; for tests and notebooks."""
+        self.open()
         self.stamp_available()
         return self._deliver()
 
     def _deliver(self) -> RoundResult:
         result = self.delivery.run_round()
+        # Outside the round's exactly-once section: name the tables it made.
+        delta = [t for t in result.per_topic if self.cfg.sink(t) != "kafka"]
+        self.catalog.after_round(delta, result.committed)
         self.stats.failing = 0
         self.stats.rounds += 1
         self.stats.recent.append(result)
@@ -304,6 +217,7 @@ class Engine:
 
     def start(self) -> None:
         """Start the stamping stream and the delivery stage in the background."""
+        self.open()
         self._stopping.clear()
         self.queries.append(self._stamp_query())
         ticker = (
@@ -358,6 +272,7 @@ class Engine:
 
     def status(self) -> Status:
         """What is sent, pending per level, delivered and quarantined, right now."""
+        self.open()
         return read_status(self.spark, self.cfg, self.layout, self.delivery.progress)
 
     def progress_line(self) -> str:

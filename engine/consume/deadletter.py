@@ -22,24 +22,23 @@ from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import Clock
-from engine.config import EngineConfig
-from engine.consumer import (
+from engine.consume.lag import groups_hint
+from engine.core.clock import Clock
+from engine.core.config import EngineConfig
+from engine.core.errors import ConsumerError
+from engine.core.message import (
     ENGINE_PROPERTIES,
+    PROP_DLQ_MSG_ID,
     PROP_DLQ_REASON,
     PROP_FAILURES,
     PROP_ORIGIN_MESSAGE_ID,
     PROP_RECONSUME_TIME,
     PROP_RETRY_TOPIC,
-    check_group,
-    groups_hint,
+    Message,
 )
-from engine.errors import ConsumerError
-from engine.producer import Message, send_many
-from engine.tables import dlq_topic, layout
-
-#: Set on a resent message: the dead letter it came from.
-PROP_DLQ_MSG_ID = "DLQ_MSG_ID"
+from engine.core.topics import check_group, dlq_topic
+from engine.lakehouse.layout import layout
+from engine.produce.send import send_many
 
 
 def _table(spark: SparkSession, cfg: EngineConfig, group: str) -> DataFrame:

@@ -15,35 +15,49 @@ Exactly once, across crashes and replays:
 
 1. a round that will write first records its plan (``status = planned``) in
    ``delay_offset``;
-2. it applies open cancel/reschedule commands (``engine.commands``): their outcomes go to
+2. it applies open cancel/reschedule commands (:mod:`engine.deliver.commands`): their outcomes go to
    ``command_results`` and rescheduled rows to ``schedule`` (``txnVersion = k``), and the
    rows they remove are left out of the topic writes;
-3. each topic table gets one commit tagged ``delayq round k checkpoint <id>``
-   (``userMetadata``); a replayed round skips the tables whose recent history holds its
-   tag (and passes ``txnAppId``/``txnVersion = k`` as well);
+3. each topic table gets one write per sink (:mod:`engine.deliver.sinks`); a replayed
+   round skips the writes its sinks say finished (for Delta: the table's recent history
+   holds the round's tag);
 4. then progress is committed (``status = committed``), never ahead of the delivery.
 
 After a crash between 1 and 4 the engine finds the plan and replays round ``k`` with the
-same ``W_k``, ``V_k`` and commands version: exactly the same rows, minus the topics already written.
+same ``W_k``, ``V_k`` and commands version: exactly the same rows, minus the topics already
+written. The round does no catalog work: the engine names new tables after it.
+
+Example:
+    >>> delivery = Delivery(spark, cfg, lay, clock).open()  # doctest: +SKIP
+    >>> delivery.run_round().delivered  # doctest: +SKIP
+    12
 """
 
 from __future__ import annotations
 
 import logging
 import time
-import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
-from delta.tables import DeltaTable
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine import kafka_sink
-from engine.clock import EPOCH, Clock, from_millis, to_micros
-from engine.commands import (
+from engine.core.clock import Clock, from_millis, to_micros
+from engine.core.config import EngineConfig
+from engine.core.topics import topic_table_name
+from engine.deliver.checkpoint import (
+    RETAIN_ROUNDS,
+    Plan,
+    Progress,
+    QueueProgress,
+    checkpoint_rows,
+    count_stamped,
+    read_checkpoint,
+)
+from engine.deliver.commands import (
     REMOVING,
     RESCHEDULE_QUEUE,
     Resolution,
@@ -55,78 +69,14 @@ from engine.commands import (
     targets,
     unstamped,
 )
-from engine.config import EngineConfig
-from engine.metrics import ScanMetrics, scan_metrics
-from engine.offsets import OffsetLog
-from engine.tables import (
-    Layout,
-    VersionTracker,
-    latest_version,
-    register_table,
-    topic_table_name,
-)
-from engine.views import register_views
+from engine.deliver.offset_log import OffsetLog
+from engine.deliver.scan_metrics import ScanMetrics, scan_metrics
+from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
+from engine.lakehouse.delta_log import Txn, VersionTracker, append
+from engine.lakehouse.layout import Layout
 from schemas import TOPIC, column_names
 
 log = logging.getLogger(__name__)
-
-COMMITTED = "committed"
-#: Commits of a topic table a replayed round looks through for its own.
-HISTORY_LOOKBACK = 1000
-PLANNED = "planned"
-
-
-@dataclass(frozen=True)
-class QueueProgress:
-    """One queue's progress: rows stamped and delivered so far, up to which deliver time.
-
-    ``stamped_total - delivered_total - cancelled_total`` is what the queue holds, known
-    without a scan (a reschedule counts as a cancel in the old row's queue and a new row
-    stamped in the timer queue; ``rescheduled_total`` counts those new rows).
-    """
-
-    delivered_total: int = 0
-    last_deliver_ts: datetime | None = None
-    stamped_total: int = 0
-    cancelled_total: int = 0
-    rescheduled_total: int = 0
-
-
-@dataclass(frozen=True)
-class Progress:
-    """The committed delayOffset checkpoint.
-
-    Attributes:
-        checkpoint_id: identifies this checkpoint; part of the topic writes' ``txnAppId``.
-        round: the last committed round (-1 before the first).
-        watermark: every row with ``deliver_ts <= watermark`` and ``stamp_batch <=
-            stamp_batch`` has been delivered.
-        schedule_version: the ``schedule`` version the last round read.
-        stamp_batch: the highest stamping batch the last round saw.
-        queues: per-queue progress.
-        commands_version: the ``commands`` version the last round read.
-    """
-
-    checkpoint_id: str
-    round: int = -1
-    watermark: datetime = EPOCH
-    schedule_version: int = -1
-    stamp_batch: int = -1
-    queues: Mapping[int, QueueProgress] = field(default_factory=dict)
-    commands_version: int = -1
-
-
-@dataclass(frozen=True)
-class Plan:
-    """What round ``round`` delivers: rows due by ``watermark`` in ``schedule_version``.
-
-    ``commands_version`` pins the cancel/reschedule commands the round applies.
-    """
-
-    round: int
-    watermark: datetime
-    schedule_version: int
-    commands_version: int = -1
 
 
 @dataclass(frozen=True)
@@ -185,130 +135,20 @@ def to_topic_rows(due: DataFrame, delivered_ts: datetime, round_: int) -> DataFr
     return due.select(*[extra.get(c, F.col(c)).alias(c) for c in column_names(TOPIC)])
 
 
-# --------------------------------------------------------------------------- checkpoint I/O
-
-#: Committed rounds kept in the offset log (older files are deleted).
-RETAIN_ROUNDS = 1000
-
-
-def _ts(value: object) -> datetime | None:
-    if value is None:
-        return None
-    parsed = datetime.fromisoformat(str(value))
-    return parsed if parsed.tzinfo else parsed.replace(tzinfo=UTC)
-
-
-def read_checkpoint(spark: SparkSession, layout: Layout) -> tuple[Progress, Plan | None]:
-    """Load the committed progress and a pending plan (if a round was interrupted)."""
-    last, rows, plan_rows = OffsetLog(spark, layout.delay_offset).latest()
-    checkpoint_id = (rows or plan_rows or [{}])[0].get("checkpoint_id") or uuid.uuid4().hex
-    progress = Progress(checkpoint_id=checkpoint_id)
-    if last is not None and rows:
-        head = rows[0]
-        progress = replace(
-            progress,
-            round=int(head["round"]),
-            watermark=_ts(head["watermark"]) or EPOCH,
-            schedule_version=int(head["schedule_version"]),
-            stamp_batch=int(head["stamp_batch"]),
-            queues={
-                int(r["queue_id"]): QueueProgress(
-                    int(r["delivered_total"]),
-                    _ts(r["last_deliver_ts"]),
-                    int(r.get("stamped_total") or 0),
-                    int(r.get("cancelled_total") or 0),
-                    int(r.get("rescheduled_total") or 0),
-                )
-                for r in rows
-                if r.get("queue_id") is not None
-            },
-            commands_version=_int(head.get("commands_version"), -1),
-        )
-    plan = None
-    if plan_rows:
-        p = plan_rows[0]
-        plan = Plan(
-            int(p["round"]),
-            _ts(p["watermark"]) or EPOCH,
-            int(p["schedule_version"]),
-            _int(p.get("commands_version"), progress.commands_version),
-        )
-    return progress, plan
-
-
-def _int(value: object, default: int) -> int:
-    return default if value is None else int(str(value))
-
-
-def checkpoint_rows(
-    progress: Progress, plan: Plan | None, delivered: Mapping[int, int], now: datetime
-) -> list[dict[str, object]]:
-    """The ``DELAY_OFFSET`` rows of a committed round, or of a plan (one row)."""
-    common = {
-        "checkpoint_id": progress.checkpoint_id,
-        "stamp_batch": progress.stamp_batch,
-        "updated_ts": now.isoformat(),
-    }
-    if plan is not None:
-        return [
-            {
-                **common, "status": PLANNED, "queue_id": None, "round": plan.round,
-                "watermark": plan.watermark.isoformat(), "schedule_version": plan.schedule_version,
-                "delivered": 0, "delivered_total": 0, "last_deliver_ts": None,
-                "stamped_total": 0, "cancelled_total": 0, "rescheduled_total": 0,
-                "commands_version": plan.commands_version,
-            }
-        ]  # fmt: skip
-    return [
-        {
-            **common, "status": COMMITTED, "queue_id": queue_id, "round": progress.round,
-            "watermark": progress.watermark.isoformat(),
-            "schedule_version": progress.schedule_version,
-            "delivered": delivered.get(queue_id, 0), "delivered_total": q.delivered_total,
-            "stamped_total": q.stamped_total, "cancelled_total": q.cancelled_total,
-            "rescheduled_total": q.rescheduled_total,
-            "commands_version": progress.commands_version,
-            "last_deliver_ts": q.last_deliver_ts.isoformat() if q.last_deliver_ts else None,
-        }
-        for queue_id, q in sorted(progress.queues.items())
-    ]  # fmt: skip
-
-
-def count_stamped(spark: SparkSession, layout: Layout, progress: Progress) -> Progress:
-    """Fill ``stamped_total`` from ``schedule`` (once, for a checkpoint written before it)."""
-    counts = (
-        spark.read.format("delta")
-        .option("versionAsOf", progress.schedule_version)
-        .load(layout.schedule)
-        .where(F.col("stamp_batch") <= progress.stamp_batch)
-        .groupBy("queue_id")
-        .count()
-        .collect()
-    )
-    queues = dict(progress.queues)
-    for r in counts:
-        queues[r["queue_id"]] = replace(
-            queues.get(r["queue_id"], QueueProgress()), stamped_total=int(r["count"])
-        )
-    return replace(progress, queues=queues)
-
-
-# --------------------------------------------------------------------------- the stage
-
-
 class Delivery:
     """Runs delivery rounds against one lakehouse; keeps the committed progress in memory.
 
-    Use :meth:`run_round` as the body of a ``foreachBatch`` (see ``engine.runner``), or
-    call it directly with a fake clock in tests.
+    Use :meth:`run_round` as the body of a ``foreachBatch`` (see :mod:`engine.run.engine`),
+    or call it directly with a fake clock in tests. The constructor only holds what it is
+    given; :meth:`open` reads the checkpoint.
 
     Args:
         spark: a Delta-enabled session.
         cfg: engine configuration.
         layout: table paths.
         clock: the engine clock.
-        after_topic_writes: test hook called after the topic writes and before the commit
-            (raise from it to simulate a crash there).
+        sinks: builds the topic sinks of a delivery checkpoint (default :class:`Sinks`,
+            as ``kafka.sinks`` says).
     """
 
     def __init__(
@@ -317,38 +157,52 @@ class Delivery:
         cfg: EngineConfig,
         layout: Layout,
         clock: Clock,
-        after_topic_writes: Callable[[Plan], None] | None = None,
+        sinks: SinkFactory = Sinks,
     ) -> None:
         self.spark = spark
         self.cfg = cfg
         self.layout = layout
         self.clock = clock
-        self.after_topic_writes = after_topic_writes
+        self._sink_factory = sinks
+        self._sinks: dict[str, SinkSet] = {}
         self.offsets = OffsetLog(spark, layout.delay_offset)
-        self.progress, self.pending = read_checkpoint(spark, layout)
-        if self.progress.round >= 0 and not any(
-            q.stamped_total for q in self.progress.queues.values()
-        ):
-            self.progress = count_stamped(spark, layout, self.progress)
+        self.progress = Progress(checkpoint_id="")
+        self.pending: Plan | None = None
         self._last_commit = time.monotonic()
-        self._known_topics: set[str] = set()
         self._stages: dict[str, float] = {}
         self._lap = 0.0
         self._schedule = VersionTracker(spark, layout.schedule)
         self._commands = VersionTracker(spark, layout.commands)
         self._open_commands = True  # unknown until the first round looks
         self._sent_ids: set[str] = set()  # commands' ids known to be in commitlog
+        self._any_removed = True  # until open() looks
+        self._opened = False
+
+    def open(self) -> Delivery:
+        """Load the committed progress and an interrupted round's plan; returns ``self``."""
+        self._opened = True
+        self.progress, self.pending = read_checkpoint(self.spark, self.layout)
+        if self.progress.round >= 0 and not any(
+            q.stamped_total for q in self.progress.queues.values()
+        ):
+            self.progress = count_stamped(self.spark, self.layout, self.progress)
         self._any_removed = not (
-            spark.read.format("delta")
-            .load(layout.command_results)
+            self.spark.read.format("delta")
+            .load(self.layout.command_results)
             .where(F.col("result").isin(*REMOVING))
             .isEmpty()
         )
+        return self
 
-    @property
-    def app_id(self) -> str:
-        """``txnAppId`` of this checkpoint's topic writes."""
-        return f"delayq-deliver-{self.progress.checkpoint_id}"
+    def sinks(self) -> SinkSet:
+        """The topic sinks of the current delivery checkpoint."""
+        checkpoint = self.progress.checkpoint_id
+        assert checkpoint, "the delivery checkpoint is not read yet: open() first"
+        if checkpoint not in self._sinks:
+            self._sinks[checkpoint] = self._sink_factory(
+                self.spark, self.cfg, self.layout, checkpoint
+            )
+        return self._sinks[checkpoint]
 
     def run_round(self) -> RoundResult:
         """Deliver what is due now; replays an interrupted round first.
@@ -357,6 +211,8 @@ class Delivery:
             What the round did. A round with nothing to deliver and nothing new writes
             nothing, except a progress flush every ``delivery.checkpoint_flush_interval``.
         """
+        if not self._opened:
+            self.open()  # never a round from the placeholder progress
         try:
             return self._run_round()
         except BaseException:
@@ -428,8 +284,6 @@ class Delivery:
             candidates.where("_due AND NOT _removed"), due, plan, replayed
         )
         self._time("topics")
-        if self.after_topic_writes is not None:
-            self.after_topic_writes(plan)
         self._commit(prev, plan, summary, high_batch, resolution)
         self._time("commit")
         return self._result(plan.round, plan, per_topic, True, replayed, started, scanned)
@@ -501,49 +355,26 @@ class Delivery:
 
     def _apply_commands(self, resolution: Resolution, plan: Plan, high_batch: int) -> None:
         """Write a round's command outcomes and rescheduled rows (idempotent per round)."""
-        (
-            results_frame(self.spark, resolution.results)
-            .write.format("delta")
-            .mode("append")
-            .option("txnAppId", f"delayq-commands-{self.progress.checkpoint_id}")
-            .option("txnVersion", plan.round)
-            .save(self.layout.command_results)
+        checkpoint = self.progress.checkpoint_id
+        append(
+            results_frame(self.spark, resolution.results),
+            self.layout.command_results,
+            txn=Txn(f"delayq-commands-{checkpoint}", plan.round),
         )
         if resolution.removed:
             self._any_removed = True
         if resolution.new_rows:
-            (
-                rescheduled_rows(
-                    self.spark,
-                    self.layout,
-                    plan.schedule_version,
-                    resolution.new_rows,
-                    high_batch,
-                    self.clock.now(),
-                )
-                .write.format("delta")
-                .mode("append")
-                .option("txnAppId", f"delayq-reschedule-{self.progress.checkpoint_id}")
-                .option("txnVersion", plan.round)
-                .save(self.layout.schedule)
+            moved = rescheduled_rows(
+                self.spark,
+                self.layout,
+                plan.schedule_version,
+                resolution.new_rows,
+                high_batch,
+                self.clock.now(),
             )
-
-    def round_tag(self, round_: int) -> str:
-        """The ``userMetadata`` of a round's topic commits; marks them as written."""
-        return f"delayq round {round_} checkpoint {self.progress.checkpoint_id}"
-
-    def _written(self, name: str, round_: int) -> bool:
-        """Whether round ``round_`` already committed to topic table ``name``.
-
-        A round's commits are the last ones the engine made to each topic table until the
-        round commits its progress, so the recent history is enough to look at.
-        """
-        path = self.layout.topic(name)
-        if not DeltaTable.isDeltaTable(self.spark, path):
-            return False
-        recent = DeltaTable.forPath(self.spark, path).history(HISTORY_LOOKBACK)
-        tag = self.round_tag(round_)
-        return any(r["userMetadata"] == tag for r in recent.select("userMetadata").collect())
+            append(
+                moved, self.layout.schedule, txn=Txn(f"delayq-reschedule-{checkpoint}", plan.round)
+            )
 
     def _write_topics(
         self,
@@ -552,48 +383,26 @@ class Delivery:
         plan: Plan,
         replayed: bool,
     ) -> dict[str, int]:
-        # Exactly once without Delta's txnAppId on every write (reading the table's
-        # transaction state costs about 0.4 s per commit): a round's plan is durable before
-        # its writes, each commit carries the round's tag, and a replayed round skips the
-        # tables whose history already holds its tag. Replays also pass txnAppId/txnVersion,
-        # which catches writes made by versions that relied on it.
-        # Keyed by table: topics differing only in case share one table. One write per table.
+        # Keyed by table: topics differing only in case share one table. One write per
+        # table and sink; a replayed round skips the writes its sinks say finished.
         per_table: dict[str, int] = {}
         for r in due:
             name = topic_table_name(r["topic"])
             per_table[name] = per_table.get(name, 0) + r["n"]
         delivered_ts = self.clock.now()
+        sinks = self.sinks()
 
         def write(name: str) -> None:
             rows = to_topic_rows(
                 due_rows.where(F.lower(F.col("topic")) == name), delivered_ts, plan.round
             )
-            sink = self.cfg.sink(name)
-            checkpoint = self.progress.checkpoint_id
-            if sink != "delta" and not (replayed and kafka_sink.written(
-                self.spark, self.cfg, checkpoint, plan.round, name
-            )):  # fmt: skip
-                kafka_sink.write(self.spark, self.cfg, rows, checkpoint, plan.round, name)
-            if sink == "kafka" or (replayed and self._written(name, plan.round)):
-                return
-            writer = (
-                rows.write.format("delta")
-                .mode("append")
-                .option("userMetadata", self.round_tag(plan.round))
-            )
-            if replayed:
-                writer = writer.option("txnAppId", self.app_id).option("txnVersion", plan.round)
-            writer.save(self.layout.topic(name))
+            for sink in sinks.of(name):
+                if not (replayed and sink.written(plan.round, name)):
+                    sink.write(plan.round, name, rows, replayed)
 
-        # Each write is one Delta commit, mostly driver-side latency: overlap them.
+        # Each write is one commit, mostly driver-side latency: overlap them.
         with ThreadPoolExecutor(max_workers=self.cfg.topic_writers) as pool:
             list(pool.map(write, sorted(per_table)))
-        for name in sorted(per_table):
-            if self.cfg.sink(name) == "kafka":
-                continue
-            if self.cfg.register_tables and name not in self._known_topics:
-                register_table(self.spark, self.cfg, name, self.layout.topic(name))
-                self._known_topics.add(name)
         return per_table
 
     def _commit(
@@ -645,9 +454,6 @@ class Delivery:
         )
         self.offsets.write(plan.round, checkpoint_rows(progress, None, delivered, self.clock.now()))
         self.progress, self.pending = progress, None
-        if self.cfg.register_tables and "delay_offset" not in self._known_topics:
-            register_views(self.spark, self.cfg.database, self.layout.delay_offset)
-            self._known_topics.add("delay_offset")
         if plan.round % 100 == 0:
             self.offsets.purge(plan.round - RETAIN_ROUNDS)
         self._last_commit = time.monotonic()
@@ -689,54 +495,10 @@ def _from_ms(ms: int | None) -> datetime | None:
         return None
 
 
-def correct_deliver_timestamps(
-    spark: SparkSession, cfg: EngineConfig, layout: Layout, now: datetime, floor: datetime
-) -> int:
-    """RocketMQ's correctDeliverTimestamp, applied once at start.
-
-    A waiting row whose ``deliver_ts`` is later than ``now`` + its level's *current* delay
-    (the level table was shortened, or the clock moved back) becomes due now. Its new
-    ``deliver_ts`` is ``max(now, floor + 1 ms)`` where ``floor`` is the committed watermark,
-    so the next round is sure to pick it up.
-
-    Returns:
-        How many rows were corrected.
-    """
-    due_at = max(now, floor + timedelta(milliseconds=1))
-    levels = cfg.levels
-    limits = [
-        (q, now + timedelta(milliseconds=levels.delay_ms(q))) for q in range(levels.max_level + 1)
-    ]
-    too_late = F.lit(False)
-    for queue_id, limit in limits:
-        too_late = too_late | (
-            (F.col("queue_id") == queue_id) & (F.col("deliver_ts") > F.lit(limit))
-        )
-    beyond = now + timedelta(milliseconds=levels.delay_ms(levels.max_level))
-    too_late = too_late | (
-        (F.col("queue_id") > levels.max_level) & (F.col("deliver_ts") > F.lit(beyond))
-    )
-    # Rows at or below the committed watermark may be delivered already: never move them.
-    too_late = too_late & (F.col("deliver_ts") > F.lit(floor))
-    table = DeltaTable.forPath(spark, layout.schedule)
-    before = latest_version(spark, layout.schedule)
-    table.update(condition=too_late, set={"deliver_ts": F.lit(due_at)})
-    last = table.history(1).select("version", "operation", "operationMetrics").first()
-    if last is None or last["version"] == before or last["operation"] != "UPDATE":
-        return 0
-    return int(last["operationMetrics"].get("numUpdatedRows", "0"))
-
-
 __all__ = [
     "Delivery",
-    "Plan",
-    "Progress",
-    "QueueProgress",
     "RoundResult",
     "candidate_condition",
-    "checkpoint_rows",
-    "correct_deliver_timestamps",
     "due_condition",
-    "read_checkpoint",
     "to_topic_rows",
 ]

@@ -15,7 +15,7 @@ Everything lives under one *home* folder (``.kafka/`` by default, git-ignored):
 :func:`start` returns once the broker answers a Metadata request with its own cluster id
 and lists itself as a live broker: from then on topics are created, produced to and
 consumed from at once. The broker outlives the Python process that started it, until
-:func:`stop` (or ``python -m engine.broker down``).
+:func:`stop` (or ``python -m jobs.tools.broker down``).
 
 Example:
     >>> broker = start(Path(".kafka"))  # doctest: +SKIP
@@ -26,9 +26,9 @@ Example:
 
 From the shell::
 
-    python -m engine.broker up [--home .kafka] [--port 9092]
-    python -m engine.broker status [--home .kafka]
-    python -m engine.broker down [--home .kafka]
+    python -m jobs.tools.broker up [--home .kafka] [--port 9092]
+    python -m jobs.tools.broker status [--home .kafka]
+    python -m jobs.tools.broker down [--home .kafka]
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
 
-from engine.errors import SetupError
+from engine.core.errors import SetupError
 
 HOST = "127.0.0.1"
 DEFAULT_HOME = Path(".kafka")
@@ -96,7 +96,7 @@ _POLL_INTERVAL = 0.1
 _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 _LOG4J2 = """\
-# Written by engine/broker.py on every launch: the broker logs to stdout, i.e. broker.log.
+# Written by jobs/tools/broker.py on every launch: the broker logs to stdout, i.e. broker.log.
 status = warn
 appender.stdout.type = Console
 appender.stdout.name = STDOUT
@@ -189,7 +189,7 @@ def start(
                 raise BrokerError(
                     f"a kafka broker from {home} already runs on ports {running.port} and "
                     f"{running.controller_port} (pid {running.pid}), not {port} and "
-                    f"{controller_port}: stop it first (python -m engine.broker down)"
+                    f"{controller_port}: stop it first (python -m jobs.tools.broker down)"
                 )
             return running
         java = _java()
@@ -279,7 +279,7 @@ def status(home: Path) -> Broker | None:
 def _server_properties(root: Path, port: int, controller_port: int) -> str:
     """The broker's configuration: one node, broker and controller, loopback only."""
     return f"""\
-# Written by engine/broker.py on every launch: edits are lost.
+# Written by jobs/tools/broker.py on every launch: edits are lost.
 process.roles=broker,controller
 node.id={NODE_ID}
 controller.quorum.bootstrap.servers={HOST}:{controller_port}
@@ -569,7 +569,7 @@ def _running(home: Path, timeout: float) -> Broker | None:
             return None
     raise BrokerError(
         f"kafka broker pid {pid} from {home} is running but does not answer: "
-        "stop it (python -m engine.broker down)" + _log_tail(home / "broker.log")
+        "stop it (python -m jobs.tools.broker down)" + _log_tail(home / "broker.log")
     )
 
 
@@ -629,7 +629,7 @@ def _metadata(port: int, timeout: float = _PROBE_TIMEOUT) -> _Metadata | None:
     Returns:
         The cluster id and live brokers, or ``None`` if nothing answered like a Kafka broker.
     """
-    client_id = b"engine.broker"
+    client_id = b"jobs.tools.broker"
     correlation_id = 7
     request = struct.pack(">hhih", 3, 4, correlation_id, len(client_id)) + client_id
     request += struct.pack(">ib", 0, 0)  # topics: none; allow_auto_topic_creation: false
@@ -675,7 +675,7 @@ def _parser() -> argparse.ArgumentParser:
         help="the broker's folder: jars in HOME/lib, data, log and pid (default: .kafka)",
     )
     parser = argparse.ArgumentParser(
-        prog="python -m engine.broker",
+        prog="python -m jobs.tools.broker",
         description="A local single-node Kafka broker (KRaft) on 127.0.0.1.",
     )
     commands = parser.add_subparsers(dest="command", required=True)
@@ -698,7 +698,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m engine.broker``; returns the process exit code.
+    """Entry point of ``python -m jobs.tools.broker``; returns the process exit code.
 
     Args:
         argv: the arguments, without the program name; ``sys.argv[1:]`` by default.

@@ -15,7 +15,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from engine.errors import ConfigError
+from engine.core.errors import ConfigError
 
 #: RocketMQ 4.x's ``messageDelayLevel`` default: 18 levels.
 DEFAULT_LEVELS = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"

@@ -1,34 +1,55 @@
-"""Send messages into ``commitlog``: one, many, or a whole DataFrame.
+"""The message model: what a producer sends, how it is checked, and the engine's own names.
 
-Every message is validated before anything is written; a bad message raises
-:class:`~engine.errors.InvalidMessageError` naming the field and value, and nothing of that
-call is written. ``store_ts`` is assigned from the engine's clock when the rows are
-committed, never taken from the producer (``born_ts`` is the producer's own time).
+:class:`Message` is what a producer sends. :func:`validate` checks one in Python (at send
+time, naming the bad field and value); :func:`rejection_reason` is the same rules as a Spark
+column, for rows that reach ``commitlog`` another way (a DataFrame send, a SQL ``INSERT``):
+stamping quarantines those with the reason. The ``PROP_*`` names are the properties the engine
+sets itself (RocketMQ's names where it has one); producers may not forge them.
 
 Example:
-    >>> send(spark, cfg, "orders", b'{"id": 1}', keys=["order-1"], delay_level=3)  # doctest: +SKIP
-    '9F1C...'
-    >>> batch = [Message("orders", "a"), Message("audit", "b", delay_level=1)]
-    >>> ids = send_many(spark, cfg, batch)  # doctest: +SKIP
+    >>> from engine.core.config import EngineConfig
+    >>> validate(Message("orders", "paid", delay_level=3), EngineConfig())["delay_level"]
+    3
 """
 
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column
 from pyspark.sql import functions as F
 
-from engine.clock import Clock, SystemClock, from_millis, truncate_ms
-from engine.config import EngineConfig
-from engine.errors import ConfigError, InvalidMessageError
-from engine.levels import parse_duration_ms
-from engine.tables import RESERVED_TOPICS, TOPIC_PATTERN, check_topic, ensure_tables
-from schemas import COMMITLOG, column_names
+from engine.core.clock import SystemClock, from_millis, truncate_ms
+from engine.core.config import EngineConfig
+from engine.core.errors import ConfigError, InvalidMessageError
+from engine.core.levels import parse_duration_ms
+from engine.core.topics import RESERVED_TOPICS, TOPIC_PATTERN, check_topic
+
+#: Properties the engine sets on a message it sends back (RocketMQ's names where it has one).
+PROP_RETRY_TOPIC = "RETRY_TOPIC"
+PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+PROP_RECONSUME_TIME = "RECONSUME_TIME"
+PROP_DLQ_REASON = "DLQ_REASON"
+#: JSON list of the message's failures: ``{"group", "attempt", "reason", "at"}``.
+PROP_FAILURES = "DELAYQ_FAILURES"
+#: Set on a message resent from the dead letters: the dead letter it came from.
+PROP_DLQ_MSG_ID = "DLQ_MSG_ID"
+ENGINE_PROPERTIES = (
+    PROP_RETRY_TOPIC,
+    PROP_ORIGIN_MESSAGE_ID,
+    PROP_RECONSUME_TIME,
+    PROP_DLQ_REASON,
+    PROP_FAILURES,
+)
+FAILURES_TYPE = "array<struct<group:string,attempt:int,reason:string,at:string>>"
+#: The fields a message given as a mapping may have.
+MESSAGE_FIELDS = frozenset(
+    {"topic", "body", "keys", "tags", "properties", "delay_level", "born_ts", "deliver_at", "delay"}
+)
 
 
 @dataclass(frozen=True)
@@ -209,84 +230,13 @@ def new_msg_id() -> str:
     return uuid.uuid4().hex.upper()
 
 
-def send_many(
-    spark: SparkSession,
-    cfg: EngineConfig,
-    messages: Iterable[Message | Mapping[str, Any]],
-    clock: Clock | None = None,
-) -> list[str]:
-    """Validate and append messages to ``commitlog`` in one commit.
-
-    Args:
-        spark: a Delta-enabled session.
-        cfg: engine configuration (lakehouse, max body size).
-        messages: :class:`Message` objects or dicts with the same fields.
-        clock: source of ``store_ts`` (and of ``born_ts`` when not given).
-
-    Returns:
-        The message ids, in input order.
+def message_from_mapping(item: Mapping[str, Any], index: int) -> Message:
+    """A :class:`Message` from a dict with the same fields (``index`` names it in errors).
 
     Raises:
-        InvalidMessageError: when any message is bad; nothing is written then.
+        InvalidMessageError: on unknown fields, or without ``topic`` and ``body``.
     """
-    clock = clock or SystemClock()
-    store_ts = clock.now()
-    fields = []
-    for i, item in enumerate(messages):
-        message = item if isinstance(item, Message) else _from_mapping(item, i)
-        fields.append(validate(message, cfg, store_ts))
-    if not fields:
-        return []
-    ids = [new_msg_id() for _ in fields]
-    lay = ensure_tables(spark, cfg, migrate=False)
-    rows = [
-        {**f, "msg_id": msg_id, "born_ts": f["born_ts"] or store_ts, "store_ts": store_ts}
-        for f, msg_id in zip(fields, ids, strict=True)
-    ]
-    df = spark.createDataFrame(
-        [tuple(r[c] for c in column_names(COMMITLOG)) for r in rows], COMMITLOG
-    )
-    df.write.format("delta").mode("append").save(lay.commitlog)
-    return ids
-
-
-def send(
-    spark: SparkSession,
-    cfg: EngineConfig,
-    topic: str,
-    body: bytes | str,
-    *,
-    keys: Sequence[str] | str | None = None,
-    tags: str | None = None,
-    properties: Mapping[str, str] | None = None,
-    delay_level: int | None = None,
-    deliver_at: datetime | int | str | None = None,
-    delay: timedelta | str | None = None,
-    clock: Clock | None = None,
-) -> str:
-    """Send one message and return its id.
-
-    Give at most one of ``delay_level``, ``deliver_at`` and ``delay`` (see :class:`Message`).
-
-    Example:
-        >>> send(spark, cfg, "orders", "paid", delay_level=2)  # doctest: +SKIP
-        '3F2A...'
-        >>> send(spark, cfg, "orders", "remind", delay="15m")  # doctest: +SKIP
-        >>> at = "2026-12-01T09:00:00+01:00"
-        >>> send(spark, cfg, "orders", "close", deliver_at=at)  # doctest: +SKIP
-    """
-    message = Message(
-        topic, body, keys, tags, properties, delay_level, deliver_at=deliver_at, delay=delay
-    )
-    return send_many(spark, cfg, [message], clock)[0]
-
-
-def _from_mapping(item: Mapping[str, Any], index: int) -> Message:
-    allowed = {
-        "topic", "body", "keys", "tags", "properties", "delay_level", "born_ts", "deliver_at",
-        "delay",
-    }  # fmt: skip
-    unknown = set(item) - allowed
+    unknown = set(item) - MESSAGE_FIELDS
     if unknown:
         raise InvalidMessageError(f"messages[{index}]", sorted(unknown), "unknown fields")
     if "topic" not in item or "body" not in item:
@@ -340,54 +290,3 @@ def rejection_reason(cfg: EngineConfig) -> Column:
         )
         .when(bad_property, F.lit("a property has an empty name or no value"))
     )
-
-
-def send_df(
-    spark: SparkSession, cfg: EngineConfig, df: DataFrame, clock: Clock | None = None
-) -> int:
-    """Append every row of ``df`` to ``commitlog`` and return how many were sent.
-
-    ``df`` needs ``topic`` and ``body`` (string or binary) and may have ``keys``,
-    ``tags``, ``properties``, ``delay_level``, ``born_ts`` and ``deliver_at`` (a timestamp).
-    Ids are generated;
-    find them in ``commitlog`` (or the topic) by key.
-
-    Raises:
-        InvalidMessageError: when a row is bad (the first one is shown); nothing is written.
-    """
-    clock = clock or SystemClock()
-    missing = {"topic", "body"} - set(df.columns)
-    if missing:
-        raise InvalidMessageError("columns", sorted(df.columns), f"missing {sorted(missing)}")
-    unknown = set(df.columns) - set(column_names(COMMITLOG))
-    if unknown:
-        raise InvalidMessageError("columns", sorted(unknown), "not commitlog columns")
-    store_ts = clock.now()
-    present = set(df.columns)
-
-    def column(name: str) -> Column:
-        if name == "msg_id":
-            return F.expr("upper(replace(uuid(), '-', ''))")
-        if name == "store_ts":
-            return F.lit(store_ts)
-        if name == "born_ts":
-            return F.coalesce(F.col(name), F.lit(store_ts)) if name in present else F.lit(store_ts)
-        return F.col(name) if name in present else F.lit(None)
-
-    shaped = df.select(*[column(f.name).cast(f.dataType).alias(f.name) for f in COMMITLOG.fields])
-    checked = shaped.withColumn("_reason", rejection_reason(cfg)).cache()
-    try:
-        # One pass: how many rows, and the first bad one (if any).
-        seen = checked.agg(
-            F.count(F.lit(1)).alias("n"),
-            F.min_by(F.struct("_reason", "topic"), F.col("_reason").isNull()).alias("bad"),
-        ).first()
-        assert seen is not None
-        bad = seen["bad"]
-        if bad is not None and bad["_reason"] is not None:
-            raise InvalidMessageError("row", bad["topic"], bad["_reason"])
-        lay = ensure_tables(spark, cfg, migrate=False)
-        checked.drop("_reason").write.format("delta").mode("append").save(lay.commitlog)
-        return int(seen["n"])
-    finally:
-        checked.unpersist()

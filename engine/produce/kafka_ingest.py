@@ -5,7 +5,7 @@ per micro-batch, appends the records to ``commitlog`` and those with bad headers
 ``quarantine`` with the reason. Both appends carry Delta's ``txnAppId``/``txnVersion`` (the
 batch id), and a record's ``msg_id`` is derived from its Kafka topic, partition and offset:
 a batch replayed after a crash or restart is not stored twice. Header names are in
-:mod:`engine.kafka_client`.
+:mod:`engine.core.kafka_headers`.
 
 Example:
     >>> query = start_ingest(spark, cfg)  # doctest: +SKIP
@@ -21,12 +21,9 @@ from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
-from engine.clock import Clock, SystemClock
-from engine.config import EngineConfig
-from engine.consumer import ENGINE_PROPERTIES
-from engine.errors import ConfigError, InvalidMessageError
-from engine.fs import stream_query_id
-from engine.kafka_client import (
+from engine.core.clock import Clock, SystemClock
+from engine.core.config import EngineConfig
+from engine.core.kafka_headers import (
     HEADER_DELAY_MS,
     HEADER_DELAY_SEC,
     HEADER_DELIVER_MS,
@@ -39,14 +36,12 @@ from engine.kafka_client import (
     SPECIAL_HEADERS,
     TIMING_HEADERS,
 )
-from engine.tables import (
-    DLQ_PREFIX,
-    RESERVED_TOPICS,
-    RETRY_PREFIX,
-    check_topic,
-    ensure_tables,
-    layout,
-)
+from engine.core.message import ENGINE_PROPERTIES
+from engine.core.topics import DLQ_PREFIX, RESERVED_TOPICS, RETRY_PREFIX
+from engine.lakehouse.delta_log import Txn, append
+from engine.lakehouse.fs import stream_query_id
+from engine.lakehouse.layout import layout
+from engine.lakehouse.tables import ensure_tables
 from schemas import COMMITLOG, QUARANTINE
 
 #: Properties recording where a record came from.
@@ -224,15 +219,11 @@ def write_batch(
         ).first()
         good, bad = (int(counts["good"]), int(counts["bad"])) if counts else (0, 0)
         if good:
-            (
-                rows.where(F.col("reason").isNull())
-                .drop("reason")
-                .write.format("delta")
-                .mode("append")
-                .option("txnAppId", f"delayq-kafka-ingest-{app_id}")
-                .option("txnVersion", batch_id)
-                .option("userMetadata", f"delayq kafka ingest batch {batch_id}")
-                .save(lay.commitlog)
+            append(
+                rows.where(F.col("reason").isNull()).drop("reason"),
+                lay.commitlog,
+                txn=Txn(f"delayq-kafka-ingest-{app_id}", batch_id),
+                metadata=f"delayq kafka ingest batch {batch_id}",
             )
         if bad:
             quarantined = rows.where(F.col("reason").isNotNull()).select(
@@ -241,37 +232,14 @@ def write_batch(
                 F.lit(None).cast("long").alias("stamp_batch"),
                 F.lit(now).cast("timestamp").alias("quarantined_ts"),
             )
-            (
-                quarantined.select(*[f.name for f in QUARANTINE])
-                .write.format("delta")
-                .mode("append")
-                .option("txnAppId", f"delayq-kafka-quarantine-{app_id}")
-                .option("txnVersion", batch_id)
-                .save(lay.quarantine)
+            append(
+                quarantined.select(*[f.name for f in QUARANTINE]),
+                lay.quarantine,
+                txn=Txn(f"delayq-kafka-quarantine-{app_id}", batch_id),
             )
         return good, bad
     finally:
         rows.unpersist()
-
-
-def check_topic_map(cfg: EngineConfig) -> None:
-    """Fail at start when ``kafka.topic_map`` maps to a topic that cannot be delivered to,
-    or maps a Kafka topic the job does not read.
-
-    Raises:
-        ConfigError: naming the key and the entry.
-    """
-    for source, target in cfg.kafka_topic_map.items():
-        entry = f"{source}={target}"
-        try:
-            check_topic(target)
-        except InvalidMessageError as err:
-            raise ConfigError("kafka.topic_map", entry, str(err)) from None
-        if source not in cfg.kafka_ingest_topics:
-            read = ", ".join(cfg.kafka_ingest_topics)
-            raise ConfigError(
-                "kafka.topic_map", entry, f"{source} is not read (kafka.ingest_topics: {read})"
-            )
 
 
 def start_ingest(
@@ -296,7 +264,6 @@ def start_ingest(
     Returns:
         The query; its checkpoint is ``_checkpoints/kafka_ingest``.
     """
-    check_topic_map(cfg)
     clock = clock or SystemClock()
     ensure_tables(spark, cfg)
     source = (

@@ -1,5 +1,7 @@
 """The benchmark behind ``make bench``: throughput, lateness, backlog, spike, fan-out, memory.
 
+A tool that ships with the project, not part of the library (it needs matplotlib).
+
 Every workload runs the real engine (both streams, real clock) on a fresh lakehouse under
 the output folder, in the same Spark application as the load generator (the embedded
 default: one JVM on the machine's cores).
@@ -36,13 +38,14 @@ from typing import Any
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import SystemClock, to_millis
-from engine.config import EngineConfig
-from engine.fs import jvm
-from engine.levels import parse_levels
-from engine.producer import send_df
-from engine.runner import Engine
-from engine.tables import layout, list_topics
+from engine.core.clock import SystemClock, to_millis
+from engine.core.config import EngineConfig
+from engine.core.levels import parse_levels
+from engine.lakehouse.delta_log import list_topics
+from engine.lakehouse.fs import jvm
+from engine.lakehouse.layout import layout
+from engine.produce.send import send_df
+from engine.run.engine import Engine
 
 log = logging.getLogger("delayq.bench")
 
@@ -369,7 +372,7 @@ class Bench:
     def engine(self, cfg: EngineConfig) -> Iterator[Engine]:
         """A started engine, warm (both streams through a first batch), stopped after."""
         engine = Engine(self.spark, cfg, out=lambda line: log.info(line))
-        engine.start()
+        engine.start()  # opens it first
         engine.wait_until_warm()
         try:
             yield engine
@@ -471,7 +474,7 @@ class Bench:
                     "body", F.lit("parked")
                 )
                 send_df(self.spark, cfg, far)
-            Engine(self.spark, cfg, out=lambda line: log.info(line)).stamp_available()
+            Engine(self.spark, cfg, out=lambda line: log.info(line)).open().stamp_available()
         return round(time.monotonic() - started, 1)
 
     def spike(self) -> dict[str, Any]:
@@ -555,8 +558,19 @@ class Bench:
         the message is sent, and the time from its topic commit (Delta history) to the
         poll's return is the wake-up latency.
         """
-        from engine.consumer import Consumer
-        from engine.producer import send
+        from engine.consume.consumer import Consumer
+        from engine.produce.send import send
+
+        class TimedConsumer(Consumer):
+            """Records when a waiting poll saw the new commit (before it reads the rows)."""
+
+            woke_at: float | None = None
+
+            def _wait_for_commit(self, deadline: float) -> bool:
+                woke = super()._wait_for_commit(deadline)
+                if woke:
+                    self.woke_at = time.time()
+                return woke
 
         cfg = self.cfg("wakeup")
         topic = "bench_wakeup"
@@ -566,7 +580,7 @@ class Bench:
         sent_ms: list[int] = []
         with self.engine(cfg) as engine:
             send(self.spark, cfg, topic, "first")
-            consumer = Consumer(self.spark, cfg, "bench", [topic])
+            consumer = TimedConsumer(self.spark, cfg, "bench", [topic]).open()
             if not self.drain(engine, self.plan.drain_seconds):
                 raise RuntimeError("wakeup: the first message was not delivered")
             consumer.poll(timeout=30)
@@ -629,10 +643,10 @@ class Bench:
         """
         from kafka import KafkaConsumer
 
-        from engine.broker import start as start_broker
-        from engine.broker import stop as stop_broker
-        from engine.ingest import start_ingest
-        from engine.session import REPO_ROOT
+        from engine.lakehouse.session import REPO_ROOT
+        from engine.produce.kafka_ingest import start_ingest
+        from jobs.tools.broker import start as start_broker
+        from jobs.tools.broker import stop as stop_broker
 
         size = self.plan.kafka_messages
         home = self.lake_root / "kafka-broker"

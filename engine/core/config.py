@@ -22,11 +22,12 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from engine.errors import ConfigError
-from engine.levels import DEFAULT_LEVELS, LevelTable, parse_duration_ms, parse_levels
+from engine.core.errors import ConfigError, InvalidMessageError
+from engine.core.levels import DEFAULT_LEVELS, LevelTable, parse_duration_ms, parse_levels
+from engine.core.topics import check_topic
 
 #: Where the default configuration file lives, relative to the repository root.
-DEFAULT_CONF = Path(__file__).resolve().parent.parent / "conf" / "engine.toml"
+DEFAULT_CONF = Path(__file__).resolve().parents[2] / "conf" / "engine.toml"
 #: Spark settings sized for one machine (Spark's own defaults are 200 shuffle partitions and
 #: Delta's 50 snapshot partitions, several times slower per round on 2 cores). Entries under
 #: ``[spark.conf]`` in the file, or ``spark.conf.*`` overrides, replace them.
@@ -282,6 +283,37 @@ class EngineConfig:
                 object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if self.log_level.upper() not in {"ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
             raise ConfigError("spark.log_level", self.log_level, "expected e.g. WARN or INFO")
+        self._check_kafka()
+
+    def _check_kafka(self) -> None:
+        """``kafka.sinks`` and ``kafka.topic_map`` name topics that can be delivered to.
+
+        Raises:
+            ConfigError: naming the key and the entry.
+        """
+        for topic, sink in self.kafka_sinks.items():
+            key = f"kafka.sinks.{topic}"
+            try:
+                check_topic(topic)
+            except InvalidMessageError as err:
+                raise ConfigError(
+                    key, sink, f"not a topic that can be delivered to: {err}"
+                ) from None
+            if sink not in SINKS:
+                raise ConfigError(key, sink, f"expected one of {', '.join(SINKS)}")
+            if sink != "delta" and topic in self.kafka_ingest_topics:
+                raise ConfigError(key, sink, "is also an ingest topic: deliveries would loop back")
+        for source, target in self.kafka_topic_map.items():
+            entry = f"{source}={target}"
+            try:
+                check_topic(target)
+            except InvalidMessageError as err:
+                raise ConfigError("kafka.topic_map", entry, str(err)) from None
+            if source not in self.kafka_ingest_topics:
+                read = ", ".join(self.kafka_ingest_topics)
+                raise ConfigError(
+                    "kafka.topic_map", entry, f"{source} is not read (kafka.ingest_topics: {read})"
+                )
 
     @classmethod
     def from_mapping(cls, settings: Mapping[str, object]) -> EngineConfig:
@@ -351,7 +383,7 @@ def _group_setting(
         return
     if len(parts) == 4 and parts[1] == "groups" and parts[3] in _GROUP_KEYS:
         attr, parse = _GROUP_KEYS[parts[3]]
-        # group names ignore case (engine.consumer.check_group)
+        # group names ignore case (engine.core.topics.check_group)
         groups.setdefault(_identifier(key, parts[2]).lower(), {})[attr] = parse(key, value)
         return
     known = ", ".join(f"consumers[.groups.<group>].{k}" for k in _GROUP_KEYS)

@@ -21,7 +21,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from engine.fs import hadoop_path, jvm, read_lines
+from engine.lakehouse.fs import hadoop_path, jvm, read_lines
 
 _NAME = re.compile(r"^(\d{20})(\.plan)?\.json$")
 
@@ -37,10 +37,29 @@ class OffsetLog:
     """
 
     def __init__(self, spark: SparkSession, path: str) -> None:
-        self._jvm = jvm(spark)
+        self.spark = spark
         self.path = path
-        self._dir, self._fs = hadoop_path(spark, path)
-        self._fs.mkdirs(self._dir)
+        self._made = False
+        self._handles: tuple[Any, Any, Any] | None = None
+
+    @property
+    def _jvm(self) -> Any:
+        return self._open()[0]
+
+    @property
+    def _dir(self) -> Any:
+        return self._open()[1]
+
+    @property
+    def _fs(self) -> Any:
+        return self._open()[2]
+
+    def _open(self) -> tuple[Any, Any, Any]:
+        """The JVM view, the folder and its FileSystem, looked up on first use."""
+        if self._handles is None:
+            folder, fs = hadoop_path(self.spark, self.path)
+            self._handles = (jvm(self.spark), folder, fs)
+        return self._handles
 
     @staticmethod
     def file_name(round_: int, planned: bool = False) -> str:
@@ -50,6 +69,9 @@ class OffsetLog:
     def write(self, round_: int, rows: Iterable[Mapping[str, Any]], planned: bool = False) -> None:
         """Write one round's rows atomically; an existing file of that name is replaced."""
         text = "".join(json.dumps(dict(row), default=str) + "\n" for row in rows)
+        if not self._made:
+            self._fs.mkdirs(self._dir)
+            self._made = True
         final = self._jvm.org.apache.hadoop.fs.Path(self._dir, self.file_name(round_, planned))
         temp = self._jvm.org.apache.hadoop.fs.Path(self._dir, f".tmp-{uuid.uuid4().hex}")
         stream = self._fs.create(temp, True)
@@ -67,6 +89,8 @@ class OffsetLog:
     def _rounds(self) -> tuple[list[int], list[int]]:
         committed: list[int] = []
         planned: list[int] = []
+        if not self._fs.exists(self._dir):
+            return committed, planned
         for status in self._fs.listStatus(self._dir):
             match = _NAME.match(status.getPath().getName())
             if match:

@@ -2,7 +2,7 @@
 
 Everything here reads; nothing writes. "Pending" means stamped, not yet delivered by
 the committed progress (``deliver_ts > watermark OR stamp_batch > stamp high mark``), and
-not cancelled or moved by a command (see ``engine.commands``).
+not cancelled or moved by a command (see :mod:`engine.deliver.commands`).
 Messages sent but not yet stamped are in ``commitlog`` only (``Status.unstamped``).
 
 Example:
@@ -18,11 +18,12 @@ from datetime import datetime, timedelta
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.commands import REMOVING, RESCHEDULED
-from engine.config import EngineConfig
-from engine.delivery import Progress, read_checkpoint
-from engine.errors import DelayQError
-from engine.tables import layout, list_topics
+from engine.core.config import EngineConfig
+from engine.core.errors import DelayQError
+from engine.deliver.checkpoint import Progress, read_checkpoint
+from engine.deliver.commands import REMOVING, RESCHEDULED
+from engine.lakehouse.delta_log import list_topics
+from engine.lakehouse.layout import layout
 
 
 def pending(spark: SparkSession, cfg: EngineConfig, progress: Progress | None = None) -> DataFrame:

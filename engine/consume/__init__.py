@@ -1,0 +1,1 @@
+"""Stage 4, topics -> applications: consumer groups, retries, dead letters, lag."""

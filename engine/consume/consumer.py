@@ -1,0 +1,473 @@
+"""Consumer groups: poll with long polling, ack and nack, retries with backoff, dead letters.
+
+A group reads its topics' tables in delivery order (``delivery_round``, ``deliver_ts``,
+``msg_id``: rounds are global, so several topics merge into one order) plus its retry topic
+``retry_<group>``. Progress is a position per topic table, recorded in ``consumer_log``
+(:mod:`engine.consume.commit_log`); failed messages go back as :mod:`engine.consume.retry`
+says.
+
+Example:
+    >>> consumer = Consumer(spark, cfg, "billing", ["orders"])  # doctest: +SKIP
+    >>> batch = consumer.poll(max_messages=100)  # waits up to 15 s for new rows
+    >>> for m in batch:
+    ...     if handle(m.body):
+    ...         consumer.ack(m)
+    ...     else:
+    ...         consumer.nack(m, "payment service down")
+    >>> consumer.commit()
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any, Self
+
+from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import functions as F
+
+from engine.consume import commit_log
+from engine.consume.commit_log import POLL, append_commit, commit_columns, offset_rows
+from engine.consume.retry import check_retry_delays, consumer_columns, sendback_rows
+from engine.consume.subscription import known_topics
+from engine.core.clock import Clock, SystemClock, from_micros
+from engine.core.config import EngineConfig, GroupConfig
+from engine.core.errors import ConsumerConflictError, ConsumerError
+from engine.core.topics import check_group, retry_topic
+from engine.lakehouse.catalog import register_table
+from engine.lakehouse.delta_log import VersionTracker, is_txn_race, table_id
+from engine.lakehouse.layout import layout
+from engine.lakehouse.tables import ensure_consumer_log
+
+#: How often a waiting poll looks for a new commit of its tables (a file probe, no read).
+WAKE_CHECK_SECONDS = 0.1
+
+
+@dataclass(frozen=True)
+class Received:
+    """A message as a consumer gets it.
+
+    Attributes:
+        msg_id: id of this delivery of the message (a retry has its own id).
+        topic: the real topic (the original one, for a message read from a retry topic).
+        body: the payload.
+        keys: lookup keys.
+        tags: the tag, if any.
+        properties: all properties, including the engine's (``RECONSUME_TIME``, ...).
+        reconsume_times: how many times it failed before (0 on first delivery).
+        origin_msg_id: id of the message as first sent.
+        deliver_ts: when it was due.
+        delivered_ts: when the engine delivered it.
+        table: the topic table it was read from (``topic``, or ``retry_<group>``).
+        delivery_round: the delivery round that wrote it.
+    """
+
+    msg_id: str
+    topic: str
+    body: bytes
+    keys: tuple[str, ...]
+    tags: str | None
+    properties: Mapping[str, str]
+    reconsume_times: int
+    origin_msg_id: str
+    deliver_ts: datetime
+    delivered_ts: datetime
+    table: str
+    delivery_round: int
+    _deliver_us: int = field(repr=False, compare=False, default=0)
+
+    @property
+    def position(self) -> tuple[int, int, str]:
+        """Where it sits in its table: (delivery round, deliver time in µs, id)."""
+        return (self.delivery_round, self._deliver_us, self.msg_id)
+
+
+def after(position: tuple[int, int, str] | None) -> Column:
+    """Rows of a topic table after ``position`` (all rows when it is ``None``)."""
+    if position is None:
+        return F.lit(True)
+    round_, deliver_us, msg_id = position
+    key = F.struct(F.unix_micros("deliver_ts").alias("us"), F.col("msg_id").alias("id"))
+    bound = F.struct(F.lit(deliver_us).alias("us"), F.lit(msg_id).alias("id"))
+    # The plain bound on delivery_round lets Delta skip every older file.
+    return (F.col("delivery_round") >= round_) & (
+        (F.col("delivery_round") > round_) | (key > bound)
+    )
+
+
+ORDER = ("delivery_round", "deliver_ts", "msg_id")
+
+
+@dataclass
+class _Table:
+    """One subscribed topic table: where the group is, and the last version seen empty."""
+
+    name: str
+    tracker: VersionTracker
+    position: tuple[int, int, str] | None = None
+    empty_at: int | None = None
+
+    @property
+    def path(self) -> str:
+        """The table's path."""
+        return self.tracker.path
+
+
+class Consumer:
+    """A member of a consumer group, reading with long polling.
+
+    One consumer per group at a time commits; a second one that commits the same batch
+    number gets :class:`~engine.core.errors.ConsumerConflictError` (its batch comes again).
+    The constructor checks its arguments; :meth:`open` (called by the first :meth:`poll`,
+    or by ``with``) checks the topics and restores the group's positions.
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: engine configuration; ``cfg.group(group)`` gives the retry settings.
+        group: the group name (letters, digits, _).
+        topics: the topics to read; the group's retry topic is read as well.
+        settings: retry settings for this group, instead of the configured ones.
+        clock: the time for commits and send-backs (waiting uses real time).
+        name: this consumer's name in ``consumer_log`` (default: a random one).
+
+    Raises:
+        ConsumerError: when the group name is not valid.
+        ConfigError: when a retry delay is longer than ``messages.max_delay``.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        cfg: EngineConfig,
+        group: str,
+        topics: Sequence[str],
+        *,
+        settings: GroupConfig | None = None,
+        clock: Clock | None = None,
+        name: str | None = None,
+    ) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.group = check_group(group)
+        self.settings = settings or cfg.group(self.group)
+        check_retry_delays(cfg, self.group, self.settings)
+        self.clock = clock or SystemClock()
+        self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
+        self.topics = list(topics)
+        self.tables: dict[str, _Table] = {}
+        self._log = VersionTracker(spark, layout(cfg).consumer_log)
+        self._log_seen = -1
+        self._log_id = ""
+        self._batch: list[Received] = []
+        self._commit_id = ""
+        self._settled: dict[str, str | None] = {}  # msg_id -> None (ack) or the reason
+        self._closed = threading.Event()
+        self._opened = False
+        self.seq = -1
+        self._unforwarded: int | None = None
+
+    def open(self) -> Self:
+        """Check the topics, restore the group's positions, forward what a crash left.
+
+        Returns:
+            ``self``.
+
+        Raises:
+            ConsumerError: when a topic is unknown (nothing was ever sent to it).
+        """
+        if self._opened:
+            return self
+        names = [*known_topics(self.spark, self.cfg, self.topics), retry_topic(self.group)]
+        lay = layout(self.cfg)
+        self.tables = {
+            n: _Table(n, VersionTracker(self.spark, lay.topic(n))) for n in dict.fromkeys(names)
+        }
+        for table in self.tables.values():
+            table.tracker.latest()
+        log_path = ensure_consumer_log(self.spark, self.cfg)
+        self._log_id = table_id(self.spark, log_path)
+        if self.cfg.register_tables:
+            register_table(self.spark, self.cfg, "consumer_log", log_path)
+        self.seq, self._unforwarded = self._restore()
+        self._opened = True
+        self._forward_pending()
+        return self
+
+    # ---------------------------------------------------------------- state
+
+    def _restore(self) -> tuple[int, int | None]:
+        """The group's last commit number and positions, from ``consumer_log``."""
+        self._log_seen = self._log.latest()
+        log = self.spark.read.format("delta").load(self._log.path)
+        mine = log.where((F.col("group_name") == self.group) & (F.col("mode") == POLL))
+        latest = mine.agg(F.max("commit_seq")).first()
+        seq = -1 if latest is None or latest[0] is None else int(latest[0])
+        rows = (
+            mine.where(F.col("kind") == "offset")
+            .groupBy("topic")
+            .agg(
+                F.max(
+                    F.struct("delivery_round", F.unix_micros("deliver_ts"), F.col("msg_id"))
+                ).alias("p")
+            )
+            .collect()
+        )
+        for row in rows:
+            table = self.tables.get(row["topic"])
+            if table is not None:
+                table.position = (int(row["p"][0]), int(row["p"][1]), str(row["p"][2]))
+        for table in self.tables.values():
+            table.empty_at = None  # positions may have moved
+        # The latest commit's send-backs may not have reached commitlog (a crash).
+        return seq, (seq if seq >= 0 else None)
+
+    def _catch_up(self) -> None:
+        """Take the positions another consumer of the group committed since (a file probe
+        when nothing changed)."""
+        if self._log.latest() != self._log_seen:
+            self.seq, self._unforwarded = self._restore()
+            self._forward_pending()
+
+    def positions(self) -> dict[str, tuple[int, int, str] | None]:
+        """The committed position in each subscribed table."""
+        self.open()
+        return {name: t.position for name, t in self.tables.items()}
+
+    # ---------------------------------------------------------------- polling
+
+    def poll(self, max_messages: int = 32, timeout: float | None = None) -> list[Received]:
+        """Up to ``max_messages`` new messages, in delivery order.
+
+        With nothing new, waits up to ``timeout`` seconds (default: the group's
+        ``poll_timeout``, 15 s) and returns as soon as a new commit of one of the tables
+        holds messages for it; returns ``[]`` on timeout. Waiting probes each table's
+        next Delta log file every 0.1 s; a table is read only when it has a new version.
+
+        Raises:
+            ConsumerError: on a bad argument, or when the last batch is not committed.
+        """
+        if isinstance(max_messages, bool) or not isinstance(max_messages, int):
+            raise ConsumerError(f"max_messages={max_messages!r}: expected a whole number")
+        if max_messages <= 0:
+            raise ConsumerError(f"max_messages={max_messages}: must be at least 1")
+        wait = self.settings.poll_timeout_ms / 1000 if timeout is None else timeout
+        if isinstance(wait, bool) or not isinstance(wait, int | float) or not 0 <= wait < 1e9:
+            raise ConsumerError(f"timeout={timeout!r}: must be 0 or more seconds")
+        if self._batch:
+            raise ConsumerError(
+                f"{len(self._batch)} messages of the last poll are not committed: "
+                "ack or nack them, then commit()"
+            )
+        self.open()
+        self._forward_pending()
+        deadline = time.monotonic() + wait
+        while True:
+            self._catch_up()
+            batch = self._read(max_messages)
+            if batch:
+                self._batch = batch
+                self._settled = {}
+                self._commit_id = uuid.uuid4().hex  # the same if commit() is retried
+                return list(batch)
+            if not self._wait_for_commit(deadline):
+                return []
+
+    def _wait_for_commit(self, deadline: float) -> bool:
+        """Wait until a table has a version not yet read empty; False at the deadline."""
+        while not self._closed.is_set():
+            for table in self.tables.values():
+                version = table.tracker.latest()
+                if version >= 0 and table.empty_at != version:
+                    return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._closed.wait(min(WAKE_CHECK_SECONDS, remaining))
+        return False
+
+    def _read(self, limit: int) -> list[Received]:
+        found: list[Received] = []
+        for table in self.tables.values():
+            version = table.tracker.latest()
+            if version < 0 or table.empty_at == version:
+                continue
+            # The latest snapshot (Delta keeps it cached and updates it incrementally; a
+            # versionAsOf read rebuilds one). It holds at least `probed`, so recording
+            # `probed` as read-empty is safe: a later commit is still seen as new.
+            probed = version
+            rows = (
+                self.spark.read.format("delta")
+                .load(table.path)
+                .where(after(table.position))
+                .orderBy(*ORDER)
+                .limit(limit)
+                .withColumn("table", F.lit(table.name))
+                .transform(consumer_columns)
+                .select(
+                    "*",
+                    F.unix_micros("deliver_ts").alias("_deliver_us"),
+                    F.unix_micros("delivered_ts").alias("_delivered_us"),
+                )
+                .collect()
+            )
+            if not rows:
+                table.empty_at = probed
+            found.extend(_received(r) for r in rows)
+        found.sort(key=lambda m: m.position)
+        return found[:limit]
+
+    # ---------------------------------------------------------------- settling
+
+    def _in_batch(self, message: Received | str) -> str:
+        msg_id = message if isinstance(message, str) else message.msg_id
+        if not any(m.msg_id == msg_id for m in self._batch):
+            raise ConsumerError(f"message {msg_id} is not in the current batch (poll first)")
+        return msg_id
+
+    def ack(self, *messages: Received | str) -> None:
+        """Mark messages of the current batch as consumed; no argument: all unsettled."""
+        targets = messages or tuple(m.msg_id for m in self._batch if m.msg_id not in self._settled)
+        for msg_id in [self._in_batch(m) for m in targets]:  # all checked before any is marked
+            self._settled[msg_id] = None
+
+    def nack(self, message: Received | str, reason: str = "failed") -> None:
+        """Mark a message of the current batch as failed: it comes back later (or dies).
+
+        Nothing is sent until :meth:`commit`; a crash before it means the message is
+        polled again, not retried twice.
+        """
+        self._settled[self._in_batch(message)] = str(reason)
+
+    def commit(self) -> int:
+        """Commit the current batch: positions, and the failed messages sent back.
+
+        Returns:
+            How many failed messages were sent back (to retry or dead letters).
+
+        Raises:
+            ConsumerError: when a message of the batch was neither acked nor nacked.
+            ConsumerConflictError: when another consumer of the group committed first.
+        """
+        self._forward_pending()
+        if not self._batch:
+            return 0
+        open_ = [m.msg_id for m in self._batch if m.msg_id not in self._settled]
+        if open_:
+            raise ConsumerError(
+                f"{len(open_)} messages are neither acked nor nacked: {', '.join(open_[:5])}"
+            )
+        seq, commit_id, now = self.seq + 1, self._commit_id, self.clock.now()
+        last: dict[str, Received] = {}
+        acked: dict[str, int] = {}
+        for m in self._batch:
+            last[m.table] = m
+            acked[m.table] = acked.get(m.table, 0) + (self._settled[m.msg_id] is None)
+        offsets = offset_rows(
+            self.spark, [(t, m.position, acked[t]) for t, m in sorted(last.items())]
+        )
+        failed = [m for m in self._batch if self._settled[m.msg_id] is not None]
+        rows = offsets
+        if failed:
+            rows = offsets.unionByName(
+                sendback_rows(self._failed_rows(failed), self.group, self.settings, now),
+                allowMissingColumns=True,
+            )
+        rows = commit_columns(rows, self.group, POLL, seq, commit_id, self.name, now)
+        try:
+            append_commit(self.spark, self.cfg, rows, self.group, POLL, seq)
+        except Exception as err:
+            if not is_txn_race(err):
+                raise
+            # another consumer appended the same commit number at the same moment
+        self._check_committed(seq, commit_id)
+        self.seq = seq
+        for table, m in last.items():
+            self.tables[table].position = m.position
+        self._batch, self._settled = [], {}
+        self._unforwarded = seq
+        self._log_seen = self._log.latest()
+        return self._forward_pending()
+
+    def _failed_rows(self, failed: list[Received]) -> DataFrame:
+        """The failed messages' topic rows (read back exactly), with their reasons."""
+        reasons = self.spark.createDataFrame(
+            [(m.table, m.msg_id, m.delivery_round, self._settled[m.msg_id]) for m in failed],
+            "table string, msg_id string, delivery_round long, reason string",
+        )
+        frames = []
+        for name in sorted({m.table for m in failed}):
+            rounds = sorted({m.delivery_round for m in failed if m.table == name})
+            rows = (
+                self.spark.read.format("delta")
+                .load(self.tables[name].path)
+                .where(F.col("delivery_round").isin(rounds))
+                .withColumn("table", F.lit(name))
+            )
+            frames.append(rows.join(reasons, ["table", "msg_id", "delivery_round"]))
+        out = frames[0]
+        for frame in frames[1:]:
+            out = out.unionByName(frame)
+        return consumer_columns(out)
+
+    def _check_committed(self, seq: int, commit_id: str) -> None:
+        row = (
+            self.spark.read.format("delta")
+            .load(self._log.path)
+            .where(
+                (F.col("group_name") == self.group)
+                & (F.col("mode") == POLL)
+                & (F.col("commit_seq") == seq)
+            )
+            .select("commit_id")
+            .first()
+        )
+        if row is None or row[0] != commit_id:
+            self._batch, self._settled = [], {}
+            self.seq, self._unforwarded = self._restore()
+            self._forward_pending()
+            raise ConsumerConflictError(
+                f"another consumer of group {self.group!r} committed batch {seq} first: "
+                "this batch was not committed; poll again"
+            )
+
+    def _forward_pending(self) -> int:
+        if self._unforwarded is None:
+            return 0
+        count = commit_log.forward(
+            self.spark, self.cfg, self.group, POLL, self._unforwarded, self._log_id
+        )
+        self._unforwarded = None
+        return count
+
+    def close(self) -> None:
+        """Stop waiting (a poll in progress returns ``[]``). Uncommitted messages come again."""
+        self._closed.set()
+
+    def __enter__(self) -> Self:
+        return self.open()
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+
+def _received(row: Any) -> Received:
+    props = dict(row["properties"] or {})
+    return Received(
+        msg_id=str(row["msg_id"]),
+        topic=str(row["real_topic"]),
+        body=bytes(row["body"] or b""),
+        keys=tuple(row["keys"] or ()),
+        tags=row["tags"],
+        properties=props,
+        reconsume_times=int(row["reconsume_times"]),
+        origin_msg_id=str(row["origin_msg_id"]),
+        deliver_ts=from_micros(int(row["_deliver_us"])),
+        delivered_ts=from_micros(int(row["_delivered_us"] or 0)),
+        table=str(row["table"]),
+        delivery_round=int(row["delivery_round"]),
+        _deliver_us=int(row["_deliver_us"]),
+    )

@@ -1,0 +1,178 @@
+"""Consume topics as a group with Spark: ``readStream`` + ``foreachBatch``.
+
+Example:
+    >>> def handle(batch):
+    ...     return batch.select("msg_id", F.when(F.col("body").isNull(), "empty")
+    ...                         .alias("error"))
+    >>> query = consume_stream(spark, cfg, "audit", ["orders"], handle)  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from datetime import datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
+from pyspark.sql.streaming.query import StreamingQuery
+
+from engine.consume.commit_log import STREAM, append_commit, commit_columns, forward, offset_rows
+from engine.consume.retry import check_retry_delays, consumer_columns, sendback_rows
+from engine.consume.subscription import known_topics
+from engine.core.clock import Clock, SystemClock
+from engine.core.config import EngineConfig, GroupConfig
+from engine.core.topics import check_group, retry_topic
+from engine.lakehouse.delta_log import table_id
+from engine.lakehouse.fs import stream_query_id
+from engine.lakehouse.layout import layout
+from engine.lakehouse.tables import ensure_consumer_log, ensure_topic_table
+
+#: What a stream handler gets: topic rows plus ``table`` and :func:`consumer_columns`.
+Handler = Callable[[DataFrame], DataFrame | None]
+
+
+def consume_stream(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    group: str,
+    topics: Sequence[str],
+    handler: Handler,
+    *,
+    settings: GroupConfig | None = None,
+    clock: Clock | None = None,
+    trigger_interval: str = "1 second",
+    available_now: bool = False,
+) -> StreamingQuery:
+    """Consume topics as ``group`` with ``readStream`` + ``foreachBatch``.
+
+    ``handler(batch)`` gets each micro-batch (topic columns plus ``table``,
+    ``real_topic``, ``reconsume_times``, ``origin_msg_id``) and returns ``None`` (all
+    succeeded) or a DataFrame of ``msg_id`` and ``error`` (null: success; rows left out
+    succeeded). A handler that raises fails the whole batch with the exception as the
+    reason. Failures take the same retry and dead-letter path as :meth:`Consumer.nack`;
+    each micro-batch commits once (``txnVersion`` = batch id), so a replayed batch sends
+    nothing twice.
+
+    Example:
+        >>> def handle(batch):
+        ...     return batch.select("msg_id", F.when(F.col("body").isNull(), "empty")
+        ...                         .alias("error"))
+        >>> query = consume_stream(spark, cfg, "audit", ["orders"], handle)  # doctest: +SKIP
+
+    Returns:
+        The started query; its checkpoint is ``_checkpoints/consumer_<group>``.
+    """
+    group = check_group(group)
+    chosen = settings or cfg.group(group)
+    check_retry_delays(cfg, group, chosen)
+    names = [*known_topics(spark, cfg, list(topics)), retry_topic(group)]
+    clock = clock or SystemClock()
+    log_id = table_id(spark, ensure_consumer_log(spark, cfg))
+    stream: DataFrame | None = None
+    for name in dict.fromkeys(names):
+        path = ensure_topic_table(spark, cfg, name)
+        source = spark.readStream.format("delta").load(path).withColumn("table", F.lit(name))
+        stream = source if stream is None else stream.unionByName(source)
+    assert stream is not None
+
+    checkpoint = layout(cfg).checkpoint(f"consumer_{group.lower()}")
+    mode: list[str] = []
+
+    def run_batch(batch: DataFrame, batch_id: int) -> None:
+        # Batch ids start again in a new checkpoint: commits are named after its query id.
+        if not mode:
+            mode.append(f"{STREAM}-{stream_query_id(spark, checkpoint)}")
+        _stream_batch(
+            spark, cfg, group, chosen, handler, batch, (mode[0], log_id), batch_id, clock.now()
+        )
+
+    writer = (
+        stream.writeStream.foreachBatch(run_batch)
+        .option("checkpointLocation", checkpoint)
+        .queryName(f"delayq_consumer_{group}")
+    )
+    writer = (
+        writer.trigger(availableNow=True)
+        if available_now
+        else writer.trigger(processingTime=trigger_interval)
+    )
+    return writer.start()
+
+
+def _stream_batch(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    group: str,
+    settings: GroupConfig,
+    handler: Handler,
+    batch: DataFrame,
+    commit: tuple[str, str],
+    batch_id: int,
+    now: datetime,
+) -> None:
+    mode, log_id = commit
+    view = consumer_columns(batch).persist()
+    try:
+        positions = (
+            view.groupBy("table")
+            .agg(
+                F.max(F.struct("delivery_round", F.unix_micros("deliver_ts"), "msg_id")).alias("p"),
+                F.count(F.lit(1)).alias("n"),
+            )
+            .collect()
+        )
+        if not positions:
+            return
+        errors: DataFrame | None = None
+        try:
+            outcome = handler(view)
+            if outcome is not None:
+                # One reason per message; run now, so that an error raised while computing
+                # the handler's result fails the batch's rows, not the stream.
+                errors = (
+                    outcome.where(F.col("error").isNotNull())
+                    .groupBy("msg_id")
+                    .agg(F.concat_ws("; ", F.sort_array(F.collect_set("error"))).alias("reason"))
+                    .persist()
+                )
+                errors.count()
+        except Exception as err:  # the handler's failure fails its rows, not the stream
+            if errors is not None:
+                errors.unpersist()
+            reason = f"{type(err).__name__}: {err}"[:1000]
+            errors = view.select("msg_id", F.lit(reason).alias("reason")).persist()
+        failed = None if errors is None else view.join(errors, "msg_id")
+        failed_rows = None if failed is None else failed.persist()
+        try:
+            failures = 0 if failed_rows is None else failed_rows.count()
+            failed_per_table: dict[str, int] = {}
+            if failed_rows is not None and failures:
+                failed_per_table = {
+                    r["table"]: r["count"] for r in failed_rows.groupBy("table").count().collect()
+                }
+            offsets = offset_rows(
+                spark,
+                [
+                    (
+                        str(r["table"]),
+                        (int(r["p"][0]), int(r["p"][1]), str(r["p"][2])),
+                        int(r["n"]) - failed_per_table.get(r["table"], 0),
+                    )
+                    for r in positions
+                ],
+            )
+            rows = offsets
+            if failed_rows is not None and failures:
+                rows = offsets.unionByName(
+                    sendback_rows(failed_rows, group, settings, now), allowMissingColumns=True
+                )
+            rows = commit_columns(rows, group, mode, batch_id, f"batch-{batch_id}", "", now)
+            append_commit(spark, cfg, rows, group, mode, batch_id)
+            forward(spark, cfg, group, mode, batch_id, log_id)
+        finally:
+            if failed_rows is not None:
+                failed_rows.unpersist()
+            if errors is not None:
+                errors.unpersist()
+    finally:
+        view.unpersist()

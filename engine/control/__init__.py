@@ -1,0 +1,1 @@
+"""On top of the stages: cancel/reschedule clients, inspecting what waits, status."""

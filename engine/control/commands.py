@@ -1,0 +1,257 @@
+"""Cancel and reschedule scheduled messages: the client side.
+
+A client appends a command to ``commands`` (:func:`cancel`, :func:`reschedule`) and waits
+for its outcome in ``command_results``, which the delivery round writes when it decides the
+command (see :mod:`engine.deliver.commands` for the rules). A command nobody answered within
+the wait stays queued and applies when an engine runs.
+
+Example:
+    >>> cancel(spark, cfg, msg_id).status                         # doctest: +SKIP
+    'cancelled'
+    >>> reschedule(spark, cfg, msg_id, delay="2h").status         # doctest: +SKIP
+    'rescheduled'
+"""
+
+from __future__ import annotations
+
+import getpass
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from engine.core.clock import Clock, SystemClock, from_millis
+from engine.core.config import EngineConfig
+from engine.core.errors import InvalidMessageError
+from engine.core.message import deliver_time
+from engine.core.topics import check_topic
+from engine.deliver.commands import CANCEL, PENDING, REMOVING, RESCHEDULE
+from engine.lakehouse.delta_log import append
+from engine.lakehouse.layout import layout
+from engine.lakehouse.tables import ensure_tables
+from schemas import COMMANDS, column_names
+
+DEFAULT_WAIT_S = 30.0
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What a command did to one message row."""
+
+    result: str
+    msg_id: str | None
+    topic: str | None = None
+    deliver_ts: datetime | None = None
+    new_deliver_ts: datetime | None = None
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """The answer to a command.
+
+    Attributes:
+        command_id: the command's id in ``commands``/``command_results``.
+        action: ``cancel`` or ``reschedule``.
+        status: ``cancelled`` or ``rescheduled`` when any message was, else the one outcome
+            (``already_delivered``, ``already_cancelled``, ``not_found``), or ``pending``
+            when no engine answered within the wait (the command stays queued).
+        outcomes: one per message row touched.
+    """
+
+    command_id: str
+    action: str
+    status: str
+    outcomes: tuple[Outcome, ...] = field(default_factory=tuple)
+
+    @property
+    def count(self) -> int:
+        """Messages cancelled or rescheduled."""
+        return sum(o.result in REMOVING for o in self.outcomes)
+
+    def line(self) -> str:
+        """A one-line summary, e.g. ``cancelled 3 message(s) (command 9F...)``."""
+        if self.status in REMOVING:
+            text = f"{self.status} {self.count} message(s)"
+        else:
+            details = sorted({o.detail for o in self.outcomes if o.detail})
+            text = self.status + (f": {'; '.join(details)}" if details else "")
+        return f"{text} (command {self.command_id})"
+
+
+def issue(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    action: str,
+    *,
+    msg_id: str | None = None,
+    key: str | None = None,
+    topic: str | None = None,
+    deliver_at: datetime | None = None,
+    clock: Clock | None = None,
+) -> str:
+    """Append one command to ``commands`` and return its id (no validation; see cancel)."""
+    lay = ensure_tables(spark, cfg, migrate=False)
+    command_id = uuid.uuid4().hex.upper()
+    row = {
+        "command_id": command_id,
+        "action": action,
+        "msg_id": msg_id,
+        "key": key,
+        "topic": topic,
+        "deliver_at": deliver_at,
+        "issued_ts": (clock or SystemClock()).now(),
+        "issued_by": f"{getpass.getuser()}@{socket.gethostname()}",
+    }
+    df = spark.createDataFrame([tuple(row[c] for c in column_names(COMMANDS))], COMMANDS)
+    append(df, lay.commands)
+    return command_id
+
+
+def result_of(
+    spark: SparkSession, cfg: EngineConfig, command_id: str, action: str
+) -> CommandResult:
+    """The outcome of a command so far (``pending`` while no engine has decided it)."""
+    rows = (
+        spark.read.format("delta")
+        .load(layout(cfg).command_results)
+        .where(F.col("command_id") == command_id)
+        .select(
+            "result",
+            "msg_id",
+            "topic",
+            "detail",
+            F.unix_millis("deliver_ts").alias("deliver_ms"),
+            F.unix_millis("new_deliver_ts").alias("new_ms"),
+        )
+        .orderBy("msg_id")
+        .collect()
+    )
+    outcomes = tuple(
+        Outcome(
+            r["result"],
+            r["msg_id"],
+            r["topic"],
+            _ts(r["deliver_ms"]),
+            _ts(r["new_ms"]),
+            r["detail"] or "",
+        )
+        for r in rows
+    )
+    if not outcomes:
+        return CommandResult(command_id, action, PENDING)
+    removing = [o.result for o in outcomes if o.result in REMOVING]
+    status = removing[0] if removing else outcomes[0].result
+    return CommandResult(command_id, action, status, outcomes)
+
+
+def wait_for(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    command_id: str,
+    action: str,
+    wait_s: float,
+    poll_s: float = 0.5,
+) -> CommandResult:
+    """Poll ``command_results`` until the command is decided or ``wait_s`` has passed."""
+    _check_wait(wait_s)
+    deadline = time.monotonic() + wait_s
+    while True:
+        result = result_of(spark, cfg, command_id, action)
+        if result.status != PENDING or time.monotonic() >= deadline:
+            return result
+        time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
+
+
+def cancel(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    msg_id: str | None = None,
+    *,
+    key: str | None = None,
+    topic: str | None = None,
+    wait: float = DEFAULT_WAIT_S,
+    clock: Clock | None = None,
+) -> CommandResult:
+    """Cancel a scheduled message by id, or every pending message with ``key``.
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: the lakehouse.
+        msg_id: the message id :func:`~engine.produce.send.send` returned.
+        key: cancel every pending message carrying this key (instead of ``msg_id``).
+        topic: with ``key``, only messages for this topic.
+        wait: seconds to wait for the engine's answer (0: do not wait).
+        clock: the issuing clock (``issued_ts``).
+
+    Returns:
+        The outcome; ``status`` is ``pending`` if no engine answered within ``wait``
+        (the command stays queued and is applied when an engine runs).
+
+    Raises:
+        InvalidMessageError: when neither or both of ``msg_id`` and ``key`` are given,
+            or a value is not valid.
+    """
+    _target(msg_id, key)
+    _check_wait(wait)
+    if topic is not None:
+        if key is None:
+            raise InvalidMessageError("topic", topic, "only a cancel by key takes a topic")
+        check_topic(topic)
+    command_id = issue(spark, cfg, CANCEL, msg_id=msg_id, key=key, topic=topic, clock=clock)
+    return wait_for(spark, cfg, command_id, CANCEL, wait)
+
+
+def reschedule(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    msg_id: str,
+    *,
+    deliver_at: datetime | int | str | None = None,
+    delay: timedelta | str | None = None,
+    wait: float = DEFAULT_WAIT_S,
+    clock: Clock | None = None,
+) -> CommandResult:
+    """Move a scheduled message to a new deliver time (earlier or later).
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: the lakehouse and ``messages.max_delay``.
+        msg_id: the message id.
+        deliver_at: the new absolute time (ms, ISO-8601 with zone, or aware datetime).
+        delay: or a delay from now (``"90s"``, ``"2d"``, a timedelta).
+        wait: seconds to wait for the engine's answer.
+        clock: the issuing clock; ``delay`` counts from it.
+
+    Raises:
+        InvalidMessageError: without exactly one of ``deliver_at`` and ``delay``, or with a
+            time beyond ``messages.max_delay``.
+    """
+    _target(msg_id, None)
+    _check_wait(wait)
+    if (deliver_at is None) == (delay is None):
+        raise InvalidMessageError("deliver_at", deliver_at, "give one of deliver_at and delay")
+    when = deliver_time(deliver_at, delay, cfg, (clock or SystemClock()).now())
+    command_id = issue(spark, cfg, RESCHEDULE, msg_id=msg_id, deliver_at=when, clock=clock)
+    return wait_for(spark, cfg, command_id, RESCHEDULE, wait)
+
+
+def _target(msg_id: str | None, key: str | None) -> None:
+    if (msg_id is None) == (key is None):
+        raise InvalidMessageError("msg_id", msg_id, "give a message id or a key (one of them)")
+    for name, value in (("msg_id", msg_id), ("key", key)):
+        if value is not None and (not isinstance(value, str) or not value.strip()):
+            raise InvalidMessageError(name, value, "must be a non-empty string")
+
+
+def _check_wait(wait_s: float) -> None:
+    if not isinstance(wait_s, int | float) or wait_s < 0:
+        raise InvalidMessageError("wait", wait_s, "must be a number of seconds >= 0")
+
+
+def _ts(ms: int | None) -> datetime | None:
+    return from_millis(ms) if ms is not None else None

@@ -1,0 +1,1 @@
+"""Stage 3, schedule -> topics: delivery rounds, exactly once, with the delayOffset checkpoint."""

@@ -1,0 +1,117 @@
+"""Where a delivery round writes a topic's due rows: the sink protocol and the Delta sink.
+
+Resume contract (what a crash and a replay do): a round records its plan before its first
+write, then calls :meth:`TopicSink.write` once per topic table, then commits its progress. A
+round replayed after a crash has the same plan and computes exactly the same rows; for each
+table it first asks :meth:`TopicSink.written` and skips a write that finished. So a sink
+whose ``written`` never misses a finished write delivers exactly once (Delta: the commit
+carries the round's tag, and a replayed write also passes ``txnAppId``/``txnVersion``); one
+that may miss it delivers at least once (Kafka without transactions, see
+:mod:`engine.deliver.kafka_sink`).
+
+``kafka.sinks.<topic>`` chooses per topic table: ``delta`` (the default), ``kafka`` or ``both``.
+
+Example:
+    >>> sinks = Sinks(spark, cfg, lay, checkpoint_id="9f2c")  # doctest: +SKIP
+    >>> [type(s).__name__ for s in sinks.of("orders")]  # doctest: +SKIP
+    ['DeltaTopicSink']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Protocol
+
+from pyspark.sql import DataFrame, SparkSession
+
+from engine.core.config import EngineConfig
+from engine.deliver.kafka_sink import KafkaTopicSink
+from engine.lakehouse.delta_log import Txn, append, committed_with
+from engine.lakehouse.layout import Layout
+
+#: Commits of a topic table a replayed round looks through for its own.
+HISTORY_LOOKBACK = 1000
+
+
+class TopicSink(Protocol):
+    """Writes one round's rows of one topic table; says whether a round's write finished."""
+
+    def written(self, round_: int, table: str) -> bool:
+        """Whether round ``round_`` finished its write of ``table`` (asked on replay only)."""
+        ...
+
+    def write(self, round_: int, table: str, rows: DataFrame, replayed: bool) -> None:
+        """Write the round's rows of ``table`` (topic-table columns) in one commit."""
+        ...
+
+
+class SinkSet(Protocol):
+    """The sinks of each topic table."""
+
+    def of(self, table: str) -> Sequence[TopicSink]:
+        """The sinks ``table``'s rows go to, in write order."""
+        ...
+
+
+class DeltaTopicSink:
+    """The topic's Delta table, exactly once.
+
+    Each commit's ``userMetadata`` is ``delayq round <k> checkpoint <id>``: a round's commits
+    are the engine's last ones to each table until the round commits its progress, so the
+    recent history tells whether a write finished. Reading Delta's transaction state on every
+    write costs about 0.4 s, so only replays pass ``txnAppId``/``txnVersion``, which also
+    catches writes made by versions that relied on it.
+    """
+
+    def __init__(self, spark: SparkSession, layout: Layout, checkpoint_id: str) -> None:
+        self.spark = spark
+        self.layout = layout
+        self.checkpoint_id = checkpoint_id
+
+    @property
+    def app_id(self) -> str:
+        """``txnAppId`` of this checkpoint's topic writes."""
+        return f"delayq-deliver-{self.checkpoint_id}"
+
+    def tag(self, round_: int) -> str:
+        """The ``userMetadata`` of a round's topic commits."""
+        return f"delayq round {round_} checkpoint {self.checkpoint_id}"
+
+    def written(self, round_: int, table: str) -> bool:
+        """Whether the table's recent history holds the round's tag."""
+        path = self.layout.topic(table)
+        return committed_with(self.spark, path, self.tag(round_), HISTORY_LOOKBACK)
+
+    def write(self, round_: int, table: str, rows: DataFrame, replayed: bool) -> None:
+        """Append the rows in one commit tagged with the round."""
+        txn = Txn(self.app_id, round_) if replayed else None
+        append(rows, self.layout.topic(table), txn=txn, metadata=self.tag(round_))
+
+
+class Sinks:
+    """The configured sinks of every topic table, for one delivery checkpoint.
+
+    Args:
+        spark: the engine's session.
+        cfg: ``kafka.sinks`` and the Kafka settings.
+        layout: table paths.
+        checkpoint_id: the delivery checkpoint the writes belong to.
+    """
+
+    def __init__(
+        self, spark: SparkSession, cfg: EngineConfig, layout: Layout, checkpoint_id: str
+    ) -> None:
+        self.cfg = cfg
+        self.delta = DeltaTopicSink(spark, layout, checkpoint_id)
+        self.kafka = KafkaTopicSink(spark, cfg, layout, checkpoint_id)
+
+    def of(self, table: str) -> Sequence[TopicSink]:
+        """Kafka first, then Delta, as ``kafka.sinks.<table>`` says."""
+        chosen = self.cfg.sink(table)
+        delta: list[TopicSink] = [self.delta] if chosen in ("delta", "both") else []
+        kafka: list[TopicSink] = [self.kafka] if chosen in ("kafka", "both") else []
+        return kafka + delta
+
+
+#: Builds the sinks of a delivery checkpoint: ``Sinks`` unless the engine is given another.
+SinkFactory = Callable[[SparkSession, EngineConfig, Layout, str], SinkSet]

@@ -1,0 +1,1 @@
+"""Stage 1, -> commitlog: send from Python, a DataFrame or Kafka."""

@@ -1,0 +1,1 @@
+"""Stage 2, commitlog -> schedule: stamp each message with its deliver time."""
