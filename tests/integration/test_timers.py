@@ -9,12 +9,12 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import FakeClock
-from engine.config import EngineConfig
-from engine.errors import InvalidMessageError
-from engine.producer import Message, send_df, send_many
-from engine.runner import Engine
-from tests.conftest import assert_exactly_once_never_early, delivered_rows
+from engine.core.clock import FakeClock
+from engine.core.config import EngineConfig
+from engine.core.errors import InvalidMessageError
+from engine.produce.send import Message, send_df, send_many
+from engine.run.engine import Engine
+from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 
 pytestmark = pytest.mark.integration
 
@@ -34,7 +34,7 @@ def test_levels_and_times_mixed_in_one_run(
         Message("orders", "now"),
     ]
     ids = send_many(spark, cfg, messages, clock)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     engine.step()
     first = {r["body"].decode() for r in delivered_rows(spark, cfg)}  # type: ignore[union-attr]
     assert first == {"an hour ago", "now"}, "past and immediate messages go at once"
@@ -66,7 +66,7 @@ def test_ten_milliseconds_apart_stay_in_order(
         ],
         clock,
     )
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     clock.set(t0 + timedelta(milliseconds=1005))
     engine.step()
     assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == [second]
@@ -89,7 +89,7 @@ def test_far_future_backlog_is_skipped(
     spark: SparkSession, make_cfg: Any, clock: FakeClock
 ) -> None:
     cfg = make_cfg(stamp_file_rows=20_000)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     parked = spark.range(200_000).select(
         F.lit("parked").alias("topic"),
         F.col("id").cast("string").alias("body"),

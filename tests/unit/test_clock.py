@@ -6,7 +6,7 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from engine.clock import FakeClock, SystemClock, from_micros, from_millis, to_micros, to_millis
+from engine.core.clock import FakeClock, SystemClock, from_micros, from_millis, to_micros, to_millis
 
 
 def test_fake_clock_moves_only_when_told() -> None:

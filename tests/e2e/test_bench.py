@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.session import REPO_ROOT
+from engine.lakehouse.session import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 PROPS = REPO_ROOT / ".jars" / "spark-defaults.conf"

@@ -14,13 +14,15 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from engine.cli import main
-from engine.clock import FakeClock
-from engine.config import EngineConfig
-from engine.errors import InvalidMessageError
-from engine.producer import Message, send, send_df, send_many
-from engine.runner import Engine
-from engine.tables import ensure_tables, layout, register_topic_tables
+from engine.core.clock import FakeClock
+from engine.core.config import EngineConfig
+from engine.core.errors import InvalidMessageError
+from engine.lakehouse.catalog import register_all
+from engine.lakehouse.layout import layout
+from engine.lakehouse.tables import ensure_tables
+from engine.produce.send import Message, send, send_df, send_many
+from engine.run.engine import Engine
+from tests.support.process import cli
 
 pytestmark = pytest.mark.integration
 MSG_ID = re.compile(r"^[0-9A-F]{32}$")
@@ -71,19 +73,6 @@ def test_send_dataframe(spark: SparkSession, cfg: EngineConfig, clock: FakeClock
     with pytest.raises(InvalidMessageError, match="body is missing"):
         send_df(spark, cfg, bad, clock)
     assert commitlog(spark, cfg).count() == 2
-
-
-def cli(capsys: pytest.CaptureFixture[str], cfg: EngineConfig, *args: str) -> tuple[int, str, str]:
-    command, *rest = args
-    settings = {
-        "lakehouse.path": cfg.lakehouse,
-        "lakehouse.database": cfg.database,
-        "levels.delays": "1s 2s 3s",
-    }
-    overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
-    code = main([command, *overrides, *rest])
-    out = capsys.readouterr()
-    return code, out.out, out.err
 
 
 def test_cli_send_status_and_sql(
@@ -144,7 +133,7 @@ def test_topics_are_queryable_by_name_from_another_session(
     ids = send_many(spark, cfg, [Message("Orders", "a"), Message("audit", "b")], clock)
     Engine(spark, cfg, clock, out=lambda _: None).step()
     other = spark.newSession()
-    assert sorted(register_topic_tables(other, cfg)) == ["audit", "orders"]
+    assert sorted(register_all(other, cfg)) == ["audit", "orders"]
     rows = other.sql(f"SELECT msg_id FROM {cfg.database}.orders").collect()
     assert [r["msg_id"] for r in rows] == ids[:1]
     progress = other.sql(

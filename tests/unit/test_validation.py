@@ -6,9 +6,9 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from engine.config import EngineConfig
-from engine.errors import InvalidMessageError
-from engine.producer import Message, validate
+from engine.core.config import EngineConfig
+from engine.core.errors import InvalidMessageError
+from engine.core.message import Message, validate
 
 CFG = EngineConfig(max_body_bytes=10)
 

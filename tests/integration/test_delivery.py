@@ -8,19 +8,16 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from engine.clock import FakeClock
-from engine.config import EngineConfig
-from engine.delivery import Plan
-from engine.producer import Message, send_many
-from engine.runner import Engine
-from engine.tables import layout
-from tests.conftest import assert_exactly_once_never_early, delivered_rows
+from engine.core.clock import FakeClock
+from engine.core.config import EngineConfig
+from engine.deliver.checkpoint import Plan
+from engine.lakehouse.layout import layout
+from engine.produce.send import Message, send_many
+from engine.run.engine import Engine
+from tests.support.crash import Crash, crash_after_writes, crash_writing
+from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 
 pytestmark = pytest.mark.integration
-
-
-class Crash(RuntimeError):
-    """Stands for the process dying at a chosen point."""
 
 
 def mixed_messages(n: int, topics: tuple[str, ...] = ("orders", "audit")) -> list[Message]:
@@ -43,7 +40,7 @@ def test_every_message_arrives_exactly_once_and_never_early(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
     ids = send_many(spark, cfg, mixed_messages(24), clock)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     seen_at: dict[str, Any] = {}
     for _ in range(8):  # 4 s of fake time in 0.5 s ticks
         engine.step()
@@ -65,7 +62,7 @@ def test_clamped_level_waits_for_the_max_delay(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
     [msg_id] = send_many(spark, cfg, [Message("orders", "late", delay_level=99)], clock)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     run_for(engine, clock, 2.5)
     assert delivered_rows(spark, cfg) == []
     status = engine.status()
@@ -78,7 +75,7 @@ def test_clamped_level_waits_for_the_max_delay(
 def test_empty_rounds_write_nothing(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     result = engine.step()
     assert (result.delivered, result.committed) == (0, False)
     assert delivered_rows(spark, cfg) == []
@@ -87,7 +84,7 @@ def test_empty_rounds_write_nothing(
 def test_many_topics_in_one_round(spark: SparkSession, cfg: EngineConfig, clock: FakeClock) -> None:
     topics = tuple(f"topic_{i}" for i in range(6))
     ids = send_many(spark, cfg, [Message(t, f"{t}-{n}") for t in topics for n in range(3)], clock)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     result = engine.step()
     assert result.per_topic == dict.fromkeys(topics, 3)
     rows = delivered_rows(spark, cfg)
@@ -100,10 +97,7 @@ def test_crash_between_topic_write_and_commit_replays_without_duplicates(
 ) -> None:
     ids = send_many(spark, cfg, mixed_messages(12), clock)
 
-    def crash(_plan: Plan) -> None:
-        raise Crash("killed after the topic writes, before the progress commit")
-
-    engine = Engine(spark, cfg, clock, out=lambda _: None, after_topic_writes=crash)
+    engine = Engine(spark, cfg, clock, out=lambda _: None, sinks=crash_after_writes()).open()
     clock.advance(seconds=1)
     with pytest.raises(Crash):
         engine.step()
@@ -112,7 +106,7 @@ def test_crash_between_topic_write_and_commit_replays_without_duplicates(
 
     # Later, more rows are due; a new process must first replay exactly the crashed round.
     clock.advance(seconds=5)
-    restarted = Engine(spark, cfg, clock, out=lambda _: None)
+    restarted = Engine(spark, cfg, clock, out=lambda _: None).open()
     after_replay = delivered_rows(spark, cfg)
     assert sorted(r["msg_id"] for r in after_replay) == sorted(r["msg_id"] for r in written)
     restarted.step()
@@ -120,27 +114,16 @@ def test_crash_between_topic_write_and_commit_replays_without_duplicates(
 
 
 def test_crash_after_some_topics_replays_the_rest(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
     ids = send_many(spark, cfg, mixed_messages(12, topics=("alpha", "beta")), clock)
-    import engine.delivery as delivery
-
-    real = delivery.to_topic_rows
-
-    def fail_beta(due: Any, delivered_ts: Any, round_: int) -> Any:
-        if due.select("topic").first()["topic"] == "beta":
-            raise Crash("died while writing beta")
-        return real(due, delivered_ts, round_)
-
-    monkeypatch.setattr(delivery, "to_topic_rows", fail_beta)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None, sinks=crash_writing("beta")).open()
     clock.advance(seconds=4)
     with pytest.raises(Crash):
         engine.step()
     assert {r["topic"] for r in delivered_rows(spark, cfg)} == {"alpha"}
-    monkeypatch.setattr(delivery, "to_topic_rows", real)
 
-    Engine(spark, cfg, clock, out=lambda _: None)  # replays the planned round at start
+    Engine(spark, cfg, clock, out=lambda _: None).open()  # replays the planned round at start
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
 
 
@@ -149,7 +132,7 @@ def test_replaying_a_committed_round_changes_nothing(
 ) -> None:
     """A plan left behind for a round that did commit (crash after the commit) is harmless."""
     ids = send_many(spark, cfg, mixed_messages(6), clock)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     clock.advance(seconds=4)
     engine.step()
     before = delivered_rows(spark, cfg)
@@ -166,7 +149,7 @@ def test_stamping_replay_stores_nothing_twice(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
     send_many(spark, cfg, mixed_messages(6), clock)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     batch = spark.read.format("delta").load(layout(cfg).commitlog)
     engine.stamper(batch, 0)
     engine.stamper(batch, 0)  # Spark replays a micro-batch after a crash
@@ -177,7 +160,7 @@ def test_message_stamped_after_its_time_is_delivered_next_round(
     spark: SparkSession, make_cfg: Any, clock: FakeClock
 ) -> None:
     cfg = make_cfg(checkpoint_flush_ms=1)  # idle rounds record their watermark at once
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     [msg_id] = send_many(spark, cfg, [Message("orders", "late", delay_level=1)], clock)
     clock.advance(seconds=5)
     engine.delivery.run_round()  # the watermark passes deliver_ts before the row is stamped
@@ -193,7 +176,7 @@ def test_shortened_level_table_makes_waiting_rows_due_now(
 ) -> None:
     long_cfg = make_cfg(levels="1s 1h")
     [msg_id] = send_many(spark, long_cfg, [Message("orders", "x", delay_level=2)], clock)
-    engine = Engine(spark, long_cfg, clock, out=lambda _: None)
+    engine = Engine(spark, long_cfg, clock, out=lambda _: None).open()
     engine.step()
     clock.advance(seconds=10)
     engine.step()
@@ -201,7 +184,7 @@ def test_shortened_level_table_makes_waiting_rows_due_now(
 
     short_cfg = make_cfg(levels="1s 2s", lakehouse=long_cfg.lakehouse)
     notes: list[str] = []
-    restarted = Engine(spark, short_cfg, clock, out=notes.append)
+    restarted = Engine(spark, short_cfg, clock, out=notes.append).open()
     assert any("1 scheduled rows" in n for n in notes), notes
     restarted.step()
     [row] = delivered_rows(spark, short_cfg)
@@ -212,7 +195,7 @@ def test_shortened_level_table_makes_waiting_rows_due_now(
 def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
-    from engine.stamp import queue_of  # noqa: F401 - imported to show the stamp module loads
+    from engine.stamp.transform import queue_of  # noqa: F401 - imported to show the stamp module loads
 
     good = send_many(spark, cfg, [Message("orders", "fine")], clock)
     T = "TIMESTAMP'2026-01-01 12:00:00'"
@@ -226,7 +209,7 @@ def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
         ('M6', 'orders', array(), NULL, map(), X'01', 18, NULL,
          TIMESTAMP'9999-12-31 23:00:00', NULL)"""
     )
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     clock.advance(seconds=1)
     engine.step()
     reasons = {
@@ -261,7 +244,7 @@ def test_clock_stepping_back_never_delivers_early(
     spark: SparkSession, make_cfg: Any, clock: FakeClock
 ) -> None:
     cfg = make_cfg(levels="1s 1h", checkpoint_flush_ms=1)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     clock.advance(seconds=3600)
     engine.step()  # the watermark is now t0 + 1 h
     clock.advance(seconds=-3600)  # NTP steps the clock back an hour
@@ -278,22 +261,22 @@ def test_missing_delivery_checkpoint_refuses_to_start(
 ) -> None:
     import shutil
 
-    from engine.errors import CheckpointError
+    from engine.core.errors import CheckpointError
 
     send_many(spark, cfg, [Message("orders", "a")], clock)
     Engine(spark, cfg, clock, out=lambda _: None).step()
     shutil.rmtree(layout(cfg).delay_offset)
     with pytest.raises(CheckpointError, match="duplicate every message"):
-        Engine(spark, cfg, clock, out=lambda _: None)
+        Engine(spark, cfg, clock, out=lambda _: None).open()
 
 
 def test_a_failed_commit_never_reuses_a_round_number(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.offsets import OffsetLog
+    from engine.deliver.offset_log import OffsetLog
 
     ids = send_many(spark, cfg, mixed_messages(6), clock)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     real_write = OffsetLog.write
 
     def landed_but_failed(self: OffsetLog, round_: int, rows: Any, planned: bool = False) -> None:
@@ -319,16 +302,16 @@ def test_producers_do_not_migrate_an_old_lakehouse_the_engine_does(
     from delta.tables import DeltaTable
     from pyspark.sql.types import StructType
 
-    from engine.errors import SetupError
+    from engine.core.errors import SetupError
     from schemas import COMMITLOG
 
     old = StructType([f for f in COMMITLOG.fields if f.name != "deliver_at"])
     DeltaTable.create(spark).location(layout(cfg).commitlog).addColumns(old).execute()
     with pytest.raises(SetupError, match="start the engine once"):
         send_many(spark, cfg, [Message("orders", "a")], clock)
-    Engine(spark, cfg, clock, out=lambda _: None)
+    Engine(spark, cfg, clock, out=lambda _: None).open()
     [msg_id] = send_many(spark, cfg, [Message("orders", "a", delay="1s")], clock)
     clock.advance(seconds=1)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     engine.step()
     assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == [msg_id]

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from engine.config import DEFAULT_CONF, EngineConfig, load_config, parse_override
-from engine.errors import ConfigError
+from engine.core.config import DEFAULT_CONF, EngineConfig, load_config, parse_override
+from engine.core.errors import ConfigError
 
 
 def test_shipped_conf_loads_with_rocketmq_defaults() -> None:

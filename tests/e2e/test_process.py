@@ -4,53 +4,18 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
-from engine.config import EngineConfig
-from engine.producer import Message, send_many
-from engine.session import REPO_ROOT
-from engine.tables import register_topic_tables
-from tests.conftest import assert_exactly_once_never_early, delivered_rows
+from engine.lakehouse.catalog import register_all
+from engine.produce.send import Message, send_many
+from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
+from tests.support.process import PROPS, VENV_BIN, engine_args, start, wait_for
 
 pytestmark = pytest.mark.integration
-VENV_BIN = Path(sys.executable).parent
-PROPS = REPO_ROOT / ".jars" / "spark-defaults.conf"
-
-
-def engine_args(cfg: EngineConfig, *extra: str) -> list[str]:
-    settings = {
-        "lakehouse.path": cfg.lakehouse,
-        "lakehouse.database": cfg.database,
-        "levels.delays": " ".join(f"{ms // 1000}s" for ms in cfg.levels.delays_ms),
-        "delivery.progress_interval": "1s",
-        "spark.log_level": "ERROR",
-        "spark.conf.spark.ui.enabled": "false",
-    }
-    return [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")] + list(extra)
-
-
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    return subprocess.Popen(
-        args, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
-        start_new_session=True,  # its own process group: kill the JVM with it
-    )  # fmt: skip
-
-
-def wait_for(predicate: Any, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.5)
-    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 
 def test_kill_mid_run_then_restart_with_spark_submit(
@@ -75,7 +40,7 @@ def test_kill_mid_run_then_restart_with_spark_submit(
             "deliveries of the second batch",
         )
         # while the engine runs, topics are queryable by name from this (other) session
-        assert register_topic_tables(spark, cfg) == ["t0", "t1", "t2"]
+        assert register_all(spark, cfg) == ["t0", "t1", "t2"]
         assert spark.sql(f"SELECT count(*) FROM {cfg.database}.t0").first()[0] > 0  # type: ignore[index]
     finally:
         os.killpg(first.pid, signal.SIGKILL)

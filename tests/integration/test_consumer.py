@@ -11,30 +11,23 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine import consumer as consumer_module
-from engine.clock import FakeClock, to_millis
-from engine.config import EngineConfig, GroupConfig
-from engine.consumer import (
-    PROP_DLQ_REASON,
-    PROP_FAILURES,
-    Consumer,
-    Received,
-    consume_stream,
-    lag,
-)
-from engine.deadletter import resend
-from engine.errors import ConsumerError
-from engine.producer import Message, send, send_many
-from engine.runner import Engine
-from engine.tables import layout
+from engine.consume import commit_log
+from engine.consume.consumer import Consumer, Received
+from engine.consume.deadletter import resend
+from engine.consume.lag import lag
+from engine.consume.stream import consume_stream
+from engine.core.clock import FakeClock, to_millis
+from engine.core.config import EngineConfig, GroupConfig
+from engine.core.errors import ConsumerError
+from engine.core.message import PROP_DLQ_REASON, PROP_FAILURES
+from engine.lakehouse.layout import layout
+from engine.produce.send import Message, send, send_many
+from engine.run.engine import Engine
+from tests.support.lakehouse import quiet_engine
 
 pytestmark = pytest.mark.integration
 
 FAST = GroupConfig(max_reconsume_times=3, retry_delays=(1000, 2000, 3000), poll_timeout_ms=0)
-
-
-def quiet_engine(spark: SparkSession, cfg: EngineConfig, clock: FakeClock) -> Engine:
-    return Engine(spark, cfg, clock, out=lambda _: None)
 
 
 def table_rows(spark: SparkSession, cfg: EngineConfig, topic: str) -> list[dict[str, Any]]:
@@ -198,15 +191,15 @@ def test_crash_between_nack_and_commit_retries_once(
     def crash(*_args: Any, **_kw: Any) -> int:
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(consumer_module, "_forward", crash)
+    monkeypatch.setattr(commit_log, "forward", crash)
     with pytest.raises(RuntimeError):
         second.commit()
     monkeypatch.undo()
     assert retry_sendbacks(spark, cfg) == []
 
     # 3. the restart forwards the recorded send-back, once, and does not poll it again
-    third = Consumer(spark, cfg, "billing", ["orders"], settings=FAST, clock=clock)
-    fourth = Consumer(spark, cfg, "billing", ["orders"], settings=FAST, clock=clock)
+    third = Consumer(spark, cfg, "billing", ["orders"], settings=FAST, clock=clock).open()
+    fourth = Consumer(spark, cfg, "billing", ["orders"], settings=FAST, clock=clock).open()
     sent = retry_sendbacks(spark, cfg)
     assert len(sent) == 1 and sent[0]["properties"]["RECONSUME_TIME"] == "1"
     assert third.poll(timeout=0) == [] and fourth.poll(timeout=0) == []
@@ -254,7 +247,7 @@ def test_bad_calls_fail_clearly(spark: SparkSession, cfg: EngineConfig, clock: F
     send_many(spark, cfg, [Message("orders", "a"), Message("orders", "b")], clock)
     engine.step()
     with pytest.raises(ConsumerError, match=r"unknown topic 'nosuch'.*orders"):
-        Consumer(spark, cfg, "billing", ["nosuch"])
+        Consumer(spark, cfg, "billing", ["nosuch"]).open()
     with pytest.raises(ConsumerError, match="consumer group 'bad-name'"):
         Consumer(spark, cfg, "bad-name", ["orders"])
     consumer = Consumer(spark, cfg, "billing", ["orders"], clock=clock)
@@ -379,7 +372,7 @@ def test_dead_letters_list_show_resend_purge_and_lag_in_sql(
     code, _, err = dlq_cli(capsys, cfg, "dlq", "list", "--group", "nobody")
     assert code == 2 and "no dead letters" in err and "billing" in err
 
-    from engine.consumer import register_lag_view
+    from engine.lakehouse.catalog import register_lag_view
 
     register_lag_view(spark, cfg)
     rows = spark.sql(f"SELECT group_name, topic, lag FROM {cfg.database}.consumer_lag").collect()

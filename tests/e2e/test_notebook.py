@@ -10,7 +10,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from engine.session import REPO_ROOT
+from engine.lakehouse.session import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

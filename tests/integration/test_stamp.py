@@ -9,10 +9,11 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from engine.config import EngineConfig
-from engine.delivery import Plan, Progress, candidate_condition, due_condition
-from engine.levels import parse_levels
-from engine.stamp import stamp
+from engine.core.config import EngineConfig
+from engine.core.levels import parse_levels
+from engine.deliver.checkpoint import Plan, Progress
+from engine.deliver.round import candidate_condition, due_condition
+from engine.stamp.transform import stamp
 from schemas import COMMITLOG
 
 pytestmark = pytest.mark.integration

@@ -8,12 +8,12 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
-from engine.clock import FakeClock
-from engine.errors import DelayQError
-from engine.inspect import forecast, history, pending
-from engine.producer import Message, send_many
-from engine.runner import Engine
-from engine.tables import layout
+from engine.control.inspect import forecast, history, pending
+from engine.core.clock import FakeClock
+from engine.core.errors import DelayQError
+from engine.lakehouse.layout import layout
+from engine.produce.send import Message, send_many
+from engine.run.engine import Engine
 
 pytestmark = pytest.mark.integration
 
@@ -32,7 +32,7 @@ def test_pending_forecast_and_history(spark: SparkSession, make_cfg: Any, clock:
         ],
         clock,
     )
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     engine.step()
 
     waiting = pending(spark, cfg)
@@ -66,7 +66,7 @@ def test_history_shows_quarantine_reason(
     spark: SparkSession, make_cfg: Any, clock: FakeClock
 ) -> None:
     cfg = make_cfg()
-    Engine(spark, cfg, clock, out=lambda _: None)
+    Engine(spark, cfg, clock, out=lambda _: None).open()
     spark.sql(
         f"INSERT INTO delta.`{layout(cfg).commitlog}` VALUES ('BAD1', 'bad-topic', array('kq'),"
         " NULL, map(), X'01', 1, NULL, TIMESTAMP'2026-01-01 12:00:00', NULL)"

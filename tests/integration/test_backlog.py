@@ -8,10 +8,10 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import FakeClock
-from engine.delivery import RoundResult
-from engine.producer import Message, send_df, send_many
-from engine.runner import Engine
+from engine.core.clock import FakeClock
+from engine.deliver.round import RoundResult
+from engine.produce.send import Message, send_df, send_many
+from engine.run.engine import Engine
 
 pytestmark = pytest.mark.integration
 
@@ -21,7 +21,7 @@ BACKLOG_COMMITS = 8
 
 def steady_round(spark: SparkSession, cfg: Any, clock: FakeClock, backlog: int) -> RoundResult:
     """Optionally park ``backlog`` rows at the 1 h level, then measure a steady round."""
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     per_commit = backlog // BACKLOG_COMMITS
     for part in range(BACKLOG_COMMITS if backlog else 0):
         rows = spark.range(part * per_commit, (part + 1) * per_commit).select(

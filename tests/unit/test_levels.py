@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.errors import ConfigError
-from engine.levels import DEFAULT_LEVELS, parse_duration_ms, parse_levels
+from engine.core.errors import ConfigError
+from engine.core.levels import DEFAULT_LEVELS, parse_duration_ms, parse_levels
 
 
 def test_default_table_is_rocketmq_18_levels() -> None:

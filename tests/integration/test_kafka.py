@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import uuid
@@ -12,88 +11,29 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
-from engine.broker import Broker, BrokerError, start, stop
-from engine.clock import FakeClock, to_millis
-from engine.config import EngineConfig
-from engine.delivery import Plan
-from engine.ingest import start_ingest
-from engine.kafka_client import DelayedProducer
-from engine.producer import Message, send_many
-from engine.runner import Engine
-from engine.session import REPO_ROOT
-from engine.tables import layout, list_topics
-from tests.conftest import START
-from tests.test_process import PROPS, VENV_BIN
+from engine.core.clock import FakeClock, to_millis
+from engine.core.config import EngineConfig
+from engine.lakehouse.delta_log import list_topics
+from engine.lakehouse.layout import layout
+from engine.lakehouse.session import REPO_ROOT
+from engine.produce.kafka_client import DelayedProducer
+from engine.produce.send import Message, send_many
+from engine.run.engine import Engine
+from jobs.tools.broker import Broker, BrokerError, start
+from tests.support.crash import Crash, crash_after_writes
+from tests.support.kafka import consume, free_port, ingest, kafka_broker, kafka_cfg, produce, rows
+from tests.support.lakehouse import START
+from tests.support.process import PROPS, VENV_BIN
 
 pytestmark = pytest.mark.integration
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
 def kafka(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Broker]:
     """A real single-node broker for this module, on free ports."""
-    home = tmp_path_factory.mktemp("kafka")
-    broker = start(home, free_port(), free_port(), lib=REPO_ROOT / ".kafka" / "lib")
-    try:
-        yield broker
-    finally:
-        stop(home)
-
-
-def kafka_cfg(make_cfg: Any, broker: Broker, **changes: Any) -> EngineConfig:
-    return make_cfg(kafka_bootstrap=broker.bootstrap_servers, **changes)  # type: ignore[no-any-return]
-
-
-def produce(
-    broker: Broker, topic: str, records: list[tuple[bytes | None, bytes, list[Any]]]
-) -> None:
-    producer = KafkaProducer(bootstrap_servers=broker.bootstrap_servers, acks="all")
-    for key, value, headers in records:
-        producer.send(topic, key=key, value=value, headers=headers)
-    producer.flush()
-    producer.close()
-
-
-def consume(broker: Broker, topic: str, expected: int) -> list[Any]:
-    consumer = KafkaConsumer(
-        topic,
-        bootstrap_servers=broker.bootstrap_servers,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=3000,
-        group_id=None,
-    )
-    records: list[Any] = []
-    for _ in range(10):
-        records.extend(consumer)
-        if len(records) >= expected:
-            break
-    consumer.close()
-    return records
-
-
-def ingest(spark: SparkSession, cfg: EngineConfig, clock: FakeClock) -> None:
-    query = start_ingest(spark, cfg, clock, available_now=True)
-    try:
-        query.awaitTermination()
-    finally:
-        query.stop()
-
-
-def rows(spark: SparkSession, path: str) -> list[dict[str, Any]]:
-    df = spark.read.format("delta").load(path)
-    df = df.select("*", F.unix_millis("store_ts").alias("store_ms"))
-    if "deliver_at" in df.columns:
-        df = df.select("*", F.unix_millis("deliver_at").alias("at_ms"))
-    return [r.asDict() for r in df.collect()]
+    yield from kafka_broker(tmp_path_factory)
 
 
 def h(**headers: str) -> list[tuple[str, bytes]]:
@@ -143,7 +83,7 @@ def test_ingest_reads_every_header_form_and_quarantines_bad_headers(
         "nowhere": f"no REAL_TOPIC header and no kafka.topic_map entry for topic '{unmapped}'",
     }
 
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     engine.step()
     clock.advance(seconds=2)
     engine.step()  # level 2 (2 s) and the 1.5 s timer are due, the 3 s and 5 s ones not
@@ -190,13 +130,7 @@ def test_delivery_to_kafka_and_delta_for_the_same_topic(
         Message(only, "o1", delay_level=1),
     ], clock)  # fmt: skip
 
-    class Crash(Exception):
-        pass
-
-    def crash(_plan: Plan) -> None:
-        raise Crash
-
-    crashing = Engine(spark, cfg, clock, out=lambda _: None, after_topic_writes=crash)
+    crashing = Engine(spark, cfg, clock, out=lambda _: None, sinks=crash_after_writes()).open()
     clock.advance(seconds=1)
     with pytest.raises(Crash):
         crashing.step()
@@ -224,7 +158,7 @@ def test_kafka_python_helper_round_trip(
         producer.send(source, "hello", key="k", topic=target, delay="2s", tags="greeting")
         producer.send(source, "at once", topic=target)
     ingest(spark, cfg, clock)
-    engine = Engine(spark, cfg, clock, out=lambda _: None)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     engine.step()
     assert [r.value for r in consume(kafka, target, 1)] == [b"at once"]
     clock.advance(seconds=1)
@@ -279,9 +213,8 @@ def test_parse_records_never_fails_on_odd_records(
     """Run on a DataFrame shaped like Spark's Kafka source: no broker needed."""
     from datetime import UTC, datetime
 
-    from engine.errors import ConfigError
-    from engine.ingest import check_topic_map, parse_records
-    from engine.kafka_sink import check_sinks
+    from engine.core.errors import ConfigError
+    from engine.produce.kafka_ingest import parse_records
 
     cfg = make_cfg()
     schema = (
@@ -313,10 +246,10 @@ def test_parse_records_never_fails_on_odd_records(
     with pytest.raises(ConfigError, match=r"kafka\.ingest_topics"):
         EngineConfig.from_mapping({"kafka.ingest_topics": " "})
     with pytest.raises(ConfigError, match=r"kafka\.topic_map"):
-        check_topic_map(make_cfg(kafka_ingest_topics=("in",), kafka_topic_map={"in": "dlq_x"}))
+        make_cfg(kafka_ingest_topics=("in",), kafka_topic_map={"in": "dlq_x"})
     with pytest.raises(ConfigError, match=r"kafka\.topic_map"):
-        check_topic_map(make_cfg(kafka_topic_map={"typo": "orders"}))
+        make_cfg(kafka_topic_map={"typo": "orders"})
     with pytest.raises(ConfigError, match=r"kafka\.sinks\.retry_g"):
-        check_sinks(make_cfg(kafka_sinks={"retry_g": "kafka"}))
+        make_cfg(kafka_sinks={"retry_g": "kafka"})
     with pytest.raises(ConfigError, match="loop back"):
-        check_sinks(make_cfg(kafka_ingest_topics=("orders",), kafka_sinks={"orders": "both"}))
+        make_cfg(kafka_ingest_topics=("orders",), kafka_sinks={"orders": "both"})

@@ -10,35 +10,20 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from engine.clock import FakeClock, to_millis
-from engine.commands import (
-    CANCEL,
-    Target,
-    cancel,
-    issue,
-    reschedule,
-    resolve,
-    result_of,
-)
-from engine.config import EngineConfig
-from engine.delivery import Plan
-from engine.errors import InvalidMessageError
-from engine.inspect import history, pending
-from engine.producer import Message, send, send_df, send_many
-from engine.runner import Engine
-from engine.tables import ensure_tables
+from engine.control.commands import cancel, issue, reschedule, result_of
+from engine.control.inspect import history, pending
+from engine.core.clock import FakeClock, to_millis
+from engine.core.config import EngineConfig
+from engine.core.errors import InvalidMessageError
+from engine.deliver.commands import CANCEL, Target, resolve
+from engine.lakehouse.tables import ensure_tables
+from engine.produce.send import Message, send, send_df, send_many
+from engine.run.engine import Engine
 from schemas import COMMITLOG
-from tests.conftest import START, delivered_rows
+from tests.support.crash import Crash, crash_after_writes
+from tests.support.lakehouse import START, delivered_rows, quiet_engine
 
 pytestmark = pytest.mark.integration
-
-
-class Crash(Exception):
-    """Stands for a process dying at a chosen point."""
-
-
-def quiet_engine(spark: SparkSession, cfg: EngineConfig, clock: FakeClock, **kw: Any) -> Engine:
-    return Engine(spark, cfg, clock, out=lambda _: None, **kw)
 
 
 def delivered_ids(spark: SparkSession, cfg: EngineConfig) -> list[str]:
@@ -108,10 +93,7 @@ def test_crash_in_a_round_with_a_cancel_replays_it_exactly(
     clock.advance(seconds=1)
     asked = cancel(spark, cfg, ids[0], wait=0, clock=clock)
 
-    def crash(_plan: Plan) -> None:
-        raise Crash("killed after the topic writes, before the commit")
-
-    crashing = quiet_engine(spark, cfg, clock, after_topic_writes=crash)
+    crashing = quiet_engine(spark, cfg, clock, sinks=crash_after_writes())
     with pytest.raises(Crash):
         crashing.step()
     restarted = quiet_engine(spark, cfg, clock)  # replays the planned round at start
@@ -313,7 +295,7 @@ def test_bad_commands_fail_before_anything_is_written(
 def test_cancel_with_an_engine_running_returns_the_outcome(
     spark: SparkSession, cfg: EngineConfig
 ) -> None:
-    engine = Engine(spark, cfg.with_overrides(poll_interval_ms=100), out=lambda _: None)
+    engine = Engine(spark, cfg.with_overrides(poll_interval_ms=100), out=lambda _: None).open()
     msg = send(spark, cfg, "orders", "soon cancelled", delay="1h")
     engine.start()
     try:
@@ -372,7 +354,7 @@ def test_issue_records_who_and_when(
 def test_cli_cancel_reschedule_and_the_pending_view(
     spark: SparkSession, cfg: EngineConfig, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.test_producer_cli_sql import cli
+    from tests.support.process import cli
 
     code, out, _ = cli(capsys, cfg, "send", "--topic", "orders", "--body", "a", "--delay", "1h")
     first = out.strip()
@@ -402,7 +384,8 @@ def test_a_lakehouse_from_before_commands_upgrades(
     from delta.tables import DeltaTable
     from pyspark.sql.types import StructType
 
-    from engine.tables import layout, register_topic_tables
+    from engine.lakehouse.catalog import register_all
+    from engine.lakehouse.layout import layout
     from schemas import COMMITLOG, SCHEDULE
 
     cfg = make_cfg(register_tables=True)
@@ -418,7 +401,7 @@ def test_a_lakehouse_from_before_commands_upgrades(
                  "last_deliver_ts": None, "updated_ts": START.isoformat()}  # fmt: skip
     Path(lay.delay_offset).mkdir(parents=True)
     (Path(lay.delay_offset) / f"{0:020d}.json").write_text(json.dumps(old_round) + "\n")
-    register_topic_tables(spark, cfg)  # an old lakehouse: no error, the checkpoint view works
+    register_all(spark, cfg)  # an old lakehouse: no error, the checkpoint view works
     row = spark.sql(f"SELECT round, cancelled_total FROM {cfg.database}.delay_offset").first()
     assert row is not None and row["round"] == 0 and row["cancelled_total"] is None
 

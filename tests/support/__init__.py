@@ -1,0 +1,3 @@
+"""What tests share: lakehouse helpers, crash-injecting sinks, processes, the Kafka broker.
+
+Tests import from here, never from each other."""

@@ -1,0 +1,65 @@
+"""Running the project's commands as a user would: the CLI in-process, jobs as processes."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.cli import main
+from engine.core.config import EngineConfig
+from engine.lakehouse.session import REPO_ROOT
+
+VENV_BIN = Path(sys.executable).parent
+PROPS = REPO_ROOT / ".jars" / "spark-defaults.conf"
+
+
+def cli(capsys: pytest.CaptureFixture[str], cfg: EngineConfig, *args: str) -> tuple[int, str, str]:
+    """Run ``delayq COMMAND ...`` on ``cfg``'s lakehouse; (exit code, stdout, stderr)."""
+    command, *rest = args
+    settings = {
+        "lakehouse.path": cfg.lakehouse,
+        "lakehouse.database": cfg.database,
+        "levels.delays": "1s 2s 3s",
+    }
+    overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
+    code = main([command, *overrides, *rest])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def engine_args(cfg: EngineConfig, *extra: str) -> list[str]:
+    """``--set`` arguments that point a job at ``cfg``'s lakehouse and levels."""
+    settings = {
+        "lakehouse.path": cfg.lakehouse,
+        "lakehouse.database": cfg.database,
+        "levels.delays": " ".join(f"{ms // 1000}s" for ms in cfg.levels.delays_ms),
+        "delivery.progress_interval": "1s",
+        "spark.log_level": "ERROR",
+        "spark.conf.spark.ui.enabled": "false",
+    }
+    return [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")] + list(extra)
+
+
+def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
+    """Start a process in its own process group (so the JVM dies with it), output to ``log``."""
+    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+    return subprocess.Popen(
+        args, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
+        start_new_session=True,
+    )  # fmt: skip
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    """Poll ``predicate`` every 0.5 s until it is true; fail naming ``what`` after ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.5)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
