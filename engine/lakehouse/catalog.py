@@ -1,0 +1,141 @@
+"""Names in the SQL catalog: every registration of a table or view happens here.
+
+Each topic table is registered as ``<database>.<topic>`` (lower case) and the engine's own
+tables as ``<database>.commitlog`` etc., so that a session can run
+``SELECT * FROM delayq.orders``. Any other Delta-enabled session can read a table by path:
+``SELECT * FROM delta.`<root>/topics/orders```.
+
+Registration happens at well-defined points, never inside a delivery round:
+
+* :func:`register_all` when a reader's session starts (:func:`engine.lakehouse.session.build_spark`);
+* :class:`Catalog` for the engine, after a round that created a topic table or the first
+  committed round (the checkpoint views need the checkpoint's first file).
+
+Example:
+    >>> register_all(spark, cfg)  # doctest: +SKIP
+    ['notifications', 'orders']
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from engine.core.config import EngineConfig
+from engine.core.topics import ENGINE_TABLES, OPTIONAL_TABLES
+from engine.lakehouse.delta_log import list_topics, table_exists
+from engine.lakehouse.fs import list_files
+from engine.lakehouse.layout import layout
+from engine.lakehouse.views import delay_offset_view_sql, lag_sql, views_sql
+from schemas import SCHEDULE, column_names
+
+
+def ensure_database(spark: SparkSession, cfg: EngineConfig) -> None:
+    """Create ``cfg.database`` in the session's catalog if it is missing."""
+    if not spark.catalog.databaseExists(cfg.database):
+        spark.sql(f"CREATE DATABASE IF NOT EXISTS `{cfg.database}`")
+
+
+def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str) -> None:
+    """Make the Delta table at ``path`` queryable as ``<database>.<name>``."""
+    ensure_database(spark, cfg)
+    spark.sql(f"CREATE TABLE IF NOT EXISTS `{cfg.database}`.`{name}` USING delta LOCATION '{path}'")
+
+
+def register_views(spark: SparkSession, cfg: EngineConfig, pending: bool = True) -> None:
+    """Create or replace ``delay_offset``, and with ``pending`` also ``pending`` and
+    ``due_forecast`` (they need ``schedule`` and ``command_results``)."""
+    ensure_database(spark, cfg)
+    statements = [delay_offset_view_sql(cfg.database, layout(cfg).delay_offset)]
+    for statement in statements + (views_sql(cfg.database) if pending else []):
+        spark.sql(statement)
+
+
+def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
+    """Topic table name -> path, for the tables some consumer group has committed a
+    position in (``None`` when no group ever committed)."""
+    lay = layout(cfg)
+    if not table_exists(spark, lay.consumer_log):
+        return None
+    present = set(list_topics(spark, cfg))
+    log = spark.read.format("delta").load(lay.consumer_log)
+    names = [
+        r[0] for r in log.where(F.col("kind") == "offset").select("topic").distinct().collect()
+    ]
+    return {n: lay.topic(n) for n in names if n in present}
+
+
+def register_lag_view(spark: SparkSession, cfg: EngineConfig) -> None:
+    """Create or replace ``<database>.consumer_lag`` over the groups known now."""
+    tables = lag_tables(spark, cfg)
+    if tables is None:
+        return
+    ensure_database(spark, cfg)
+    body = lag_sql(layout(cfg).consumer_log, tables)
+    spark.sql(f"CREATE OR REPLACE VIEW `{cfg.database}`.`consumer_lag` AS {body}")
+
+
+def register_all(spark: SparkSession, cfg: EngineConfig) -> list[str]:
+    """Register every existing topic table, the engine's tables and its views by name.
+
+    Call again to pick up topics created since (``engine.refresh_tables(spark, cfg)``).
+
+    Returns:
+        The topic table names registered.
+    """
+    lay = layout(cfg)
+    present = []
+    for name in ENGINE_TABLES + OPTIONAL_TABLES:
+        path = lay.table(name)
+        if DeltaTable.isDeltaTable(spark, path):
+            register_table(spark, cfg, name, path)
+            present.append(name)
+    # The views need current tables: a lakehouse made by an older version gets them once
+    # the engine has started (and upgraded it).
+    current = set(ENGINE_TABLES) <= set(present) and set(column_names(SCHEDULE)) <= set(
+        spark.read.format("delta").load(lay.schedule).columns
+    )
+    if list_files(spark, lay.delay_offset, ".json"):
+        register_views(spark, cfg, pending=current)
+    topics = list_topics(spark, cfg)
+    for name in topics:
+        register_table(spark, cfg, name, lay.topic(name))
+    if "consumer_log" in present:
+        register_lag_view(spark, cfg)
+    return topics
+
+
+class Catalog:
+    """The engine's catalog registrations: each name once, after the round that made it.
+
+    Holds no state but what it registered; does nothing when ``sql.register_tables`` is off.
+
+    Example:
+        >>> catalog = Catalog(spark, cfg)  # doctest: +SKIP
+        >>> catalog.after_round(["orders"], committed=True)  # doctest: +SKIP
+    """
+
+    def __init__(self, spark: SparkSession, cfg: EngineConfig) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self._known: set[str] = set()
+
+    def open(self) -> None:
+        """Register what exists now (the engine's start)."""
+        if self.cfg.register_tables:
+            self._known |= set(register_all(self.spark, self.cfg))
+
+    def after_round(self, delta_topics: Iterable[str], committed: bool) -> None:
+        """Register the Delta topic tables a round wrote and, after the first commit, the
+        checkpoint views."""
+        if not self.cfg.register_tables:
+            return
+        for name in sorted(set(delta_topics) - self._known):
+            register_table(self.spark, self.cfg, name, layout(self.cfg).topic(name))
+            self._known.add(name)
+        if committed and "delay_offset" not in self._known:
+            register_views(self.spark, self.cfg)
+            self._known.add("delay_offset")

@@ -1,0 +1,114 @@
+"""Build a Delta-enabled Spark session for the engine, jobs, notebooks and tests.
+
+Example:
+    >>> from engine.core.config import load_config
+    >>> spark = build_spark(load_config())            # doctest: +SKIP
+    >>> spark.sql("SELECT * FROM delayq.orders").show()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from pyspark import SparkConf
+from pyspark.sql import SparkSession
+
+from engine.core.config import DEFAULT_CONF, EngineConfig
+from engine.core.errors import SetupError
+from engine.lakehouse.catalog import register_all
+from engine.lakehouse.fs import jvm
+
+REPO_ROOT = DEFAULT_CONF.parent.parent
+LOG4J_CONF = REPO_ROOT / "conf" / "log4j2.properties"
+
+#: Settings every engine session needs, whatever the deployment.
+DELTA_CONF = {
+    "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
+    "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
+    "spark.sql.session.timeZone": "UTC",
+    "spark.driver.extraJavaOptions": (
+        f"-Duser.timezone=UTC -Dlog4j2.configurationFile={LOG4J_CONF.as_uri()}"
+    ),
+    "spark.executor.extraJavaOptions": "-Duser.timezone=UTC",
+    "spark.ui.showConsoleProgress": "false",
+    # Plain log lines on the console; Spark 4 defaults to JSON.
+    "spark.log.structuredLogging.enabled": "false",
+}
+
+
+def jar_paths(cfg: EngineConfig) -> list[str]:
+    """The jars in ``cfg.jars_dir`` (relative to the cwd, else to the repository).
+
+    Raises:
+        SetupError: when the folder is missing or empty, saying to run ``make jars``.
+    """
+    folder = Path(cfg.jars_dir).expanduser()
+    if not folder.is_absolute() and not folder.is_dir():
+        folder = REPO_ROOT / cfg.jars_dir
+    jars = sorted(str(p.resolve()) for p in folder.glob("*.jar"))
+    if not jars:
+        raise SetupError(
+            f"no JVM jars in {folder} (spark.jars_dir): run `make jars` to fetch Delta with Maven"
+        )
+    return jars
+
+
+def require_java() -> None:
+    """Fail with one clear line when no Java runtime can be found."""
+    if not shutil.which("java") and not _java_home_ok():
+        raise SetupError(
+            "Java not found: install a JDK 17 (e.g. `apt-get install openjdk-17-jdk-headless`)"
+            " and put `java` on PATH or set JAVA_HOME"
+        )
+
+
+def _java_home_ok() -> bool:
+    home = os.environ.get("JAVA_HOME")
+    return home is not None and (Path(home) / "bin" / "java").exists()
+
+
+def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> SparkSession:
+    """Return a Delta-enabled session, creating it if needed.
+
+    Under ``spark-submit`` the master and jars come from the command line (see the job
+    docstrings); otherwise the session runs on ``cfg.spark_master`` with the jars from
+    ``cfg.jars_dir``. With ``cfg.register_tables`` the tables that exist are named in the
+    session's catalog (:func:`engine.lakehouse.catalog.register_all`); nothing is created.
+
+    Raises:
+        SetupError: when Java or the jars are missing, or Delta cannot be loaded.
+    """
+    require_java()
+    active = SparkSession.getActiveSession()
+    builder = SparkSession.builder.appName(cfg.app_name)
+    if active is None:
+        launched = SparkConf()  # under spark-submit this holds the command line's settings
+        if not launched.contains("spark.master"):
+            builder = builder.master(cfg.spark_master)
+        if not launched.contains("spark.jars"):
+            builder = builder.config("spark.jars", ",".join(jar_paths(cfg)))
+        warehouse = f"{cfg.lakehouse_path}/_warehouse"
+        builder = builder.config("spark.sql.warehouse.dir", warehouse)
+    for key, value in {**DELTA_CONF, **cfg.spark_conf, **(extra_conf or {})}.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    spark.sparkContext.setLogLevel(cfg.log_level.upper())
+    _check_delta(spark)
+    if cfg.register_tables:
+        register_all(spark, cfg)  # a reader's session start: name what exists
+    return spark
+
+
+def _check_delta(spark: SparkSession) -> None:
+    view = jvm(spark)
+    try:
+        view.java.lang.Class.forName(
+            "io.delta.tables.DeltaTable", True, view.Thread.currentThread().getContextClassLoader()
+        )
+    except Exception as err:  # py4j wraps ClassNotFoundException
+        raise SetupError(
+            "Delta Lake classes are not on the driver's classpath. Under spark-submit pass "
+            "`--properties-file .jars/spark-defaults.conf` (written by `make jars`)."
+        ) from err

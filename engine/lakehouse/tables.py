@@ -1,0 +1,101 @@
+"""Creating the engine's tables, and bringing a lakehouse made by an older version up to date.
+
+Every table is created with its schema from :mod:`schemas`. Creation tolerates another
+process creating the same table at the same moment. Only the engine migrates (adds new
+nullable columns), at start; a producer that finds an old table fails with a clear message.
+
+Example:
+    >>> lay = ensure_tables(spark, cfg)  # doctest: +SKIP
+    >>> ensure_topic_table(spark, cfg, "orders")  # doctest: +SKIP
+    '/lake/topics/orders'
+"""
+
+from __future__ import annotations
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql.types import StructType
+
+from engine.core.config import EngineConfig
+from engine.core.errors import SetupError
+from engine.lakehouse.layout import Layout, layout
+from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, CONSUMER_LOG, QUARANTINE, SCHEDULE, TOPIC
+
+#: (Spark application, lakehouse) pairs whose tables are known to exist and be current.
+_ENSURED: set[tuple[str, str]] = set()
+
+
+def ensure_topic_table(spark: SparkSession, cfg: EngineConfig, topic: str) -> str:
+    """Create topic ``topic``'s table, empty, if it does not exist yet; return its path.
+
+    Delivery creates topic tables as it first writes them; a streaming consumer needs
+    its tables before that.
+    """
+    path = layout(cfg).topic(topic)
+    _create(spark, path, TOPIC, None, migrate=False)
+    return path
+
+
+def _create(
+    spark: SparkSession, path: str, schema: StructType, partition: str | None, migrate: bool
+) -> None:
+    if DeltaTable.isDeltaTable(spark, path):
+        _add_missing_columns(spark, path, schema, migrate)
+        return
+    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+    if partition:
+        builder = builder.partitionedBy(partition)
+    try:
+        builder.execute()
+    except Exception:
+        # Another process may have created it between the check and the commit.
+        if not DeltaTable.isDeltaTable(spark, path):
+            raise
+
+
+def _add_missing_columns(spark: SparkSession, path: str, schema: StructType, migrate: bool) -> None:
+    """Bring a lakehouse made by an older version up to date: add new (nullable) columns.
+
+    Only the engine migrates, at start, before its streams read the tables; a producer
+    that finds an old table fails with a clear message instead.
+    """
+    present = set(spark.read.format("delta").load(path).columns)
+    missing = [f for f in schema.fields if f.name not in present]
+    if missing and not migrate:
+        names = ", ".join(f.name for f in missing)
+        raise SetupError(
+            f"{path} was made by an older version (no {names}): start the engine once "
+            "(make run, or jobs/delay_engine.py) to upgrade the lakehouse"
+        )
+    if missing:
+        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+
+
+def ensure_tables(spark: SparkSession, cfg: EngineConfig, migrate: bool = True) -> Layout:
+    """Create the engine's tables if missing (safe to call again) and return the layout.
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: the lakehouse to use.
+        migrate: add columns that tables made by an older version lack (the engine does,
+            at start); if false, such a table raises :class:`~engine.core.errors.SetupError`.
+    """
+    lay = layout(cfg)
+    ensured = (spark.sparkContext.applicationId, lay.root)
+    if ensured in _ENSURED:
+        return lay  # this application has checked (and created) them already
+    _create(spark, lay.commitlog, COMMITLOG, None, migrate)
+    _create(spark, lay.schedule, SCHEDULE, "queue_id", migrate)
+    _create(spark, lay.quarantine, QUARANTINE, None, migrate)
+    _create(spark, lay.commands, COMMANDS, None, migrate)
+    _create(spark, lay.command_results, COMMAND_RESULTS, None, migrate)
+    _ENSURED.add(ensured)
+    return lay
+
+
+def ensure_consumer_log(spark: SparkSession, cfg: EngineConfig) -> str:
+    """Create the ``consumer_log`` table if missing; return its path."""
+    path = layout(cfg).consumer_log
+    _create(spark, path, CONSUMER_LOG, None, migrate=False)
+    return path

@@ -1,0 +1,84 @@
+"""The SQL of the engine's views, as text: the delivery checkpoint, what is pending, what
+is due, and consumer lag. :mod:`engine.lakehouse.catalog` registers them; the consumer's
+``lag`` runs the same SQL.
+
+Example:
+    >>> print(views_sql("delayq")[1][:46])
+    CREATE OR REPLACE VIEW `delayq`.due_forecast AS
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+from schemas import DELAY_OFFSET
+
+
+def delay_offset_view_sql(database: str, path: str) -> str:
+    """SQL creating the ``delay_offset`` view over the log (typed columns).
+
+    Each line is parsed with the full schema, so files written before a column existed
+    read it as null.
+    """
+    as_text = ", ".join(f"`{f.name}`: STRING" for f in DELAY_OFFSET.fields)
+    casts = ", ".join(
+        f"CAST(r.`{f.name}` AS {f.dataType.simpleString()}) AS `{f.name}`"
+        for f in DELAY_OFFSET.fields
+    )
+    return (
+        f"CREATE OR REPLACE VIEW `{database}`.`delay_offset` AS SELECT {casts} FROM "
+        f"(SELECT from_json(value, 'STRUCT<{as_text}>') AS r FROM text.`{path}` "
+        "WHERE trim(value) != '')"
+    )
+
+
+def views_sql(database: str) -> list[str]:
+    """SQL for the views ``pending`` and ``due_forecast`` (need ``delay_offset``)."""
+    db = f"`{database}`"
+    latest = (
+        f"SELECT watermark, stamp_batch FROM {db}.delay_offset WHERE status = 'committed' "
+        "ORDER BY round DESC LIMIT 1"
+    )
+    return [
+        f"CREATE OR REPLACE VIEW {db}.pending AS SELECT s.* FROM {db}.schedule s "
+        f"LEFT JOIN ({latest}) c ON true "
+        "WHERE (s.deliver_ts > coalesce(c.watermark, TIMESTAMP'1970-01-01 00:00:00') "
+        "OR s.stamp_batch > coalesce(c.stamp_batch, -1)) "
+        f"AND NOT EXISTS (SELECT 1 FROM {db}.command_results r WHERE r.msg_id = s.msg_id "
+        "AND r.revision = coalesce(s.revision, 0) "
+        "AND r.result IN ('cancelled', 'rescheduled'))",
+        f"CREATE OR REPLACE VIEW {db}.due_forecast AS "
+        "SELECT date_trunc('MINUTE', greatest(deliver_ts, current_timestamp())) AS minute, "
+        f"count(*) AS due FROM {db}.pending "
+        "WHERE deliver_ts < current_timestamp() + INTERVAL 1 HOUR GROUP BY 1",
+    ]
+
+
+def lag_sql(consumer_log: str, tables: Mapping[str, str]) -> str:
+    """SQL for each group's lag per topic table: delivered rows after its position.
+
+    Args:
+        consumer_log: path of ``consumer_log``.
+        tables: topic table name -> path, for the tables some group has committed.
+    """
+    positions = (
+        "SELECT group_name, topic, max(struct(delivery_round, deliver_ts, msg_id)) AS p, "
+        "max(committed_ts) AS committed_ts "
+        f"FROM delta.`{consumer_log}` WHERE kind = 'offset' GROUP BY group_name, topic"
+    )
+    parts = [
+        f"SELECT o.group_name, o.topic, o.committed_ts, count(x.msg_id) AS lag, "
+        "max(x.delivered_ts) AS newest_delivered_ts "
+        f"FROM ({positions}) o LEFT JOIN delta.`{path}` x ON o.topic = '{name}' "
+        "AND x.delivery_round >= o.p.delivery_round "
+        "AND struct(x.delivery_round, x.deliver_ts, x.msg_id) > o.p "
+        f"WHERE o.topic = '{name}' GROUP BY o.group_name, o.topic, o.committed_ts"
+        for name, path in sorted(tables.items())
+    ]
+    if not parts:
+        return (
+            "SELECT CAST(NULL AS STRING) AS group_name, CAST(NULL AS STRING) AS topic, "
+            "CAST(NULL AS TIMESTAMP) AS committed_ts, 0L AS lag, "
+            "CAST(NULL AS TIMESTAMP) AS newest_delivered_ts WHERE false"
+        )
+    return " UNION ALL ".join(parts)
