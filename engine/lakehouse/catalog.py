@@ -7,7 +7,8 @@ tables as ``<database>.commitlog`` etc., so that a session can run
 
 Registration happens at well-defined points, never inside a delivery round:
 
-* :func:`register_all` when a reader's session starts (:func:`engine.lakehouse.session.build_spark`);
+* :func:`register_all` when a reader's session starts
+  (:func:`engine.lakehouse.session.build_spark`);
 * :class:`Catalog` for the engine, after a round that created a topic table or the first
   committed round (the checkpoint views need the checkpoint's first file).
 

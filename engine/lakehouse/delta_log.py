@@ -26,6 +26,7 @@ from engine.core.config import EngineConfig
 from engine.lakehouse.fs import hadoop_path, jvm
 from engine.lakehouse.layout import layout
 
+
 def is_txn_race(err: BaseException) -> bool:
     """Whether ``err`` says another writer committed the same ``txnAppId``/``txnVersion``
     at the same moment (Delta's ``ConcurrentTransactionException``).

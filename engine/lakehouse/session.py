@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 from pyspark import SparkConf
@@ -87,6 +88,10 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
         launched = SparkConf()  # under spark-submit this holds the command line's settings
         if not launched.contains("spark.master"):
             builder = builder.master(cfg.spark_master)
+            if "PYSPARK_PYTHON" not in os.environ:
+                # Python workers run this interpreter (the venv's), not whatever `python3`
+                # is first on PATH: a plain shell without the venv active works too.
+                builder = builder.config("spark.pyspark.python", sys.executable)
         if not launched.contains("spark.jars"):
             builder = builder.config("spark.jars", ",".join(jar_paths(cfg)))
         warehouse = f"{cfg.lakehouse_path}/_warehouse"
