@@ -1,9 +1,12 @@
-"""The benchmark as a Spark application (``make bench``; ``make bench MODE=full``).
+"""The benchmark as a Spark application (``make bench``; ``make bench MODE=full``), from the
+repository root::
 
-    .venv/bin/spark-submit --properties-file .jars/spark-defaults.conf --driver-memory 8g \\
-        jobs/bench.py [--mode quick|full] [--workloads steady,backlog,spike,fanout] \\
-        [--out bench/out] [--set key=value ...]
+    source .venv/bin/activate
+    spark-submit --properties-file .jars/spark-defaults.conf --driver-memory 8g \\
+        jobs/bench.py --mode smoke
 
+Options: ``--mode smoke|quick|full`` (default quick), ``--workloads steady,spike,...``,
+``--out bench/out``, ``--set key=value``.
 Writes ``<out>/<UTC time>-<mode>.json`` and ``.png`` and prints a short table. Quick mode
 takes 15-20 minutes on 2 cores; full mode over an hour (see ``jobs.tools.benchmark``).
 """

@@ -1,14 +1,16 @@
 """The delayed-delivery engine as a Spark application.
 
 Runs the stamping stream and the delivery stage against the lakehouse in ``conf/``
-until Ctrl-C (or, with ``--until-idle``, until nothing is pending)::
+until Ctrl-C (or, with ``--until-idle``, until nothing is pending), from the repository root::
 
-    .venv/bin/spark-submit --properties-file .jars/spark-defaults.conf \\
-        jobs/delay_engine.py [--conf conf/engine.toml] [--set key=value ...] \\
-        [--until-idle] [--max-seconds S] [--demo]
+    source .venv/bin/activate
+    spark-submit --properties-file .jars/spark-defaults.conf \\
+        jobs/delay_engine.py --until-idle --max-seconds 30
 
-``--properties-file`` (written by ``make jars``) puts Delta on ``spark.jars``; on a cluster
-add ``--master`` and point ``lakehouse.path`` at shared storage.
+Options: ``--conf FILE``, ``--set key=value`` (repeatable), ``--until-idle``,
+``--max-seconds S``, ``--demo``. ``--properties-file`` (written by ``make jars``) puts Delta
+on ``spark.jars``; on a cluster add ``--master`` and point ``lakehouse.path`` at shared
+storage.
 """
 
 from __future__ import annotations

@@ -4,11 +4,14 @@ Reads ``kafka.ingest_topics`` from ``kafka.bootstrap_servers`` (``make kafka-up`
 local broker) and stores each record in ``commitlog``, exactly once across restarts; records
 with bad headers go to ``quarantine`` with the reason. The delay comes from the headers
 ``DELAY``, ``TIMER_DELIVER_MS``, ``TIMER_DELAY_SEC`` or ``TIMER_DELAY_MS``, the real topic
-from ``REAL_TOPIC`` or ``kafka.topic_map`` (see ``engine.core.kafka_headers``)::
+from ``REAL_TOPIC`` or ``kafka.topic_map`` (see ``engine.core.kafka_headers``). From the
+repository root, with a broker running (``make kafka-up``)::
 
-    .venv/bin/spark-submit --properties-file .jars/spark-defaults.conf \\
-        jobs/kafka_ingest.py [--set kafka.ingest_topics=in_a,in_b] [--available-now]
+    source .venv/bin/activate
+    spark-submit --properties-file .jars/spark-defaults.conf jobs/kafka_ingest.py --available-now
 
+Options: ``--set kafka.ingest_topics=in_a,in_b`` (and any other key), ``--available-now``
+(read what is there, then stop; without it, until Ctrl-C).
 Run the engine (``jobs/delay_engine.py``) beside it to deliver what it stores.
 """
 

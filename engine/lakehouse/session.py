@@ -94,6 +94,13 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
                 builder = builder.config("spark.pyspark.python", sys.executable)
         if not launched.contains("spark.jars"):
             builder = builder.config("spark.jars", ",".join(jar_paths(cfg)))
+        master = launched.get("spark.master", cfg.spark_master)
+        if master.startswith("local") and "SPARK_LOCAL_IP" not in os.environ:
+            # The embedded default talks to itself only: keep the driver on loopback
+            # (Spark would otherwise pick the machine's first non-loopback address).
+            for key in ("spark.driver.bindAddress", "spark.driver.host"):
+                if not launched.contains(key):
+                    builder = builder.config(key, "127.0.0.1")
         warehouse = f"{cfg.lakehouse_path}/_warehouse"
         builder = builder.config("spark.sql.warehouse.dir", warehouse)
     for key, value in {**DELTA_CONF, **cfg.spark_conf, **(extra_conf or {})}.items():

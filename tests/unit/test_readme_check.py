@@ -1,0 +1,54 @@
+"""The README check itself: which blocks it runs, and that a broken line fails it."""
+
+from __future__ import annotations
+
+import subprocess
+
+from tests.support.readme import blocks, shell_script
+
+DOC = """Intro.
+
+```bash
+make run
+make test
+```
+<!-- readme-check: skip "make test" (CI runs it) -->
+
+<!-- illustrative: needs a broker -->
+```bash
+make kafka-up
+```
+
+```python
+x = 1
+```
+
+```
+plain output, not run
+```
+"""
+
+
+def run(script: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=False)
+
+
+def test_blocks_are_found_with_their_marks() -> None:
+    found = blocks(DOC)
+    assert [(b.language, b.line) for b in found] == [("bash", 3), ("bash", 10), ("python", 14)]
+    assert found[0].skip == ("make test",) and found[1].illustrative == "needs a broker"
+    assert "make test" not in shell_script(found[0]) and "make run" in shell_script(found[0])
+
+
+def test_a_failing_line_fails_the_block_and_names_it() -> None:
+    (block,) = blocks("```bash\ntrue\nfalse   # a broken line\necho after\n```\n")
+    done = run(shell_script(block))
+    assert done.returncode == 1 and "README line failed (exit 1): false" in done.stderr
+    assert "after" not in done.stdout
+
+
+def test_exit_1_passes_only_where_the_comment_says_so() -> None:
+    (allowed,) = blocks("```bash\n(exit 1)   # exit 1 while no engine runs\necho on\n```\n")
+    assert run(shell_script(allowed)).stdout.strip() == "on"
+    (other,) = blocks("```bash\n(exit 2)   # exit 1 while no engine runs\necho on\n```\n")
+    assert run(shell_script(other)).returncode == 1
