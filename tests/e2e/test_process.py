@@ -39,9 +39,6 @@ def test_kill_mid_run_then_restart_with_spark_submit(
             60,
             "deliveries of the second batch",
         )
-        # while the engine runs, topics are queryable by name from this (other) session
-        assert register_all(spark, cfg) == ["t0", "t1", "t2"]
-        assert spark.sql(f"SELECT count(*) FROM {cfg.database}.t0").first()[0] > 0  # type: ignore[index]
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait(30)
@@ -53,6 +50,9 @@ def test_kill_mid_run_then_restart_with_spark_submit(
     job = ["jobs/delay_engine.py", *engine_args(cfg, "--until-idle", "--max-seconds", "120")]
     submit = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS), *job]
     second = start(submit, tmp_path / "second.log")
+    # while an engine runs, topics are queryable by name from this (other) session
+    assert register_all(spark, cfg) == ["t0", "t1", "t2"]
+    assert spark.sql(f"SELECT count(*) FROM {cfg.database}.t0").first()[0] > 0  # type: ignore[index]
     code = second.wait(240)
     output = (tmp_path / "second.log").read_text()
     assert code == 0, output[-3000:]
