@@ -118,11 +118,10 @@ class VersionTracker:
         3
     """
 
-    def __init__(self, spark: SparkSession, path: str, version: int | None = None) -> None:
+    def __init__(self, spark: SparkSession, path: str) -> None:
         self._spark = spark
         self.path = path
-        self.version = -1 if version is None else version
-        self._asked = version is not None
+        self.version = -1  # not asked yet, or the table does not exist yet
         self._probe: tuple[Any, Any, Any] | None = None
 
     def latest(self) -> int:
@@ -131,11 +130,10 @@ class VersionTracker:
             log, fs = hadoop_path(self._spark, f"{self.path}/_delta_log")
             self._probe = (log, fs, jvm(self._spark).org.apache.hadoop.fs.Path)
         log, fs, hadoop = self._probe
-        if not self._asked or self.version < 0:
+        if self.version < 0:
             if not fs.exists(log):
                 return -1
             self.version = latest_version(self._spark, self.path)
-            self._asked = True
         while fs.exists(hadoop(log, f"{self.version + 1:020d}.json")):
             self.version += 1
         return self.version
