@@ -44,6 +44,7 @@ from datetime import datetime
 
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
+from pyspark.storagelevel import StorageLevel
 
 from engine.core.clock import Clock, from_millis, to_micros
 from engine.core.config import EngineConfig
@@ -243,6 +244,7 @@ class Delivery:
         )
         resolution = self._resolve_commands(prev, plan)
         self._time("plan")
+        # Scanned once: the summary below builds the cache, every topic write reads it.
         candidates = self._mark_removed(
             self.spark.read.format("delta")
             .option("versionAsOf", plan.schedule_version)
@@ -253,7 +255,21 @@ class Delivery:
             prev,
             plan,
             resolution,
-        )
+        ).persist(StorageLevel.MEMORY_AND_DISK)
+        try:
+            return self._deliver(prev, plan, resolution, candidates, replayed, started)
+        finally:
+            candidates.unpersist()
+
+    def _deliver(
+        self,
+        prev: Progress,
+        plan: Plan,
+        resolution: Resolution | None,
+        candidates: DataFrame,
+        replayed: bool,
+        started: float,
+    ) -> RoundResult:
         grouped = candidates.groupBy("topic", "queue_id", "_due", "_new", "_removed").agg(
             F.count(F.lit(1)).alias("n"),
             F.max("stamp_batch").alias("max_batch"),

@@ -37,6 +37,10 @@ def _walk(node: Any, found: list[tuple[int, int]]) -> None:
     if "QueryStage" in name:
         _walk(node.plan(), found)
         return
+    if name.startswith("InMemoryTableScan"):
+        # A persisted frame: the scan that built the cache holds the file metrics.
+        _walk(node.relation().cachedPlan(), found)
+        return
     metrics = node.metrics()
     if metrics.contains("numFiles"):
         has_rows = metrics.contains("numOutputRows")
