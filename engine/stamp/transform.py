@@ -42,6 +42,55 @@ def delay_ms_of(levels: LevelTable, queue: Column) -> Column:
     return F.element_at(table, index).cast("long")
 
 
+def check(df: DataFrame, cfg: EngineConfig) -> DataFrame:
+    """``commitlog`` rows with ``reason``: why a row is refused, or null when it is valid.
+
+    Example:
+        >>> check(batch, cfg).where("reason IS NOT NULL").count()  # doctest: +SKIP
+        0
+    """
+    return df.select(
+        *[F.col(c) for c in column_names(COMMITLOG)], rejection_reason(cfg).alias("reason")
+    )
+
+
+def scheduled_rows(
+    checked: DataFrame, cfg: EngineConfig, batch_id: int, now: datetime
+) -> DataFrame:
+    """The valid rows of :func:`check`'s output, stamped (the ``schedule`` schema).
+
+    Example:
+        >>> scheduled_rows(check(batch, cfg), cfg, 7, clock.now())  # doctest: +SKIP
+    """
+    timer = F.col("deliver_at").isNotNull()
+    level_queue = queue_of(cfg.levels, F.col("delay_level"))
+    queue = F.when(timer, F.lit(TIMER_QUEUE)).otherwise(level_queue)
+    delayed = F.timestamp_millis(F.unix_millis("store_ts") + delay_ms_of(cfg.levels, level_queue))
+    deliver = F.when(timer, F.col("deliver_at")).otherwise(delayed)
+    return checked.where(F.col("reason").isNull()).select(
+        *[F.col(c) for c in column_names(COMMITLOG)],
+        queue.alias("queue_id"),
+        deliver.alias("deliver_ts"),
+        F.lit(batch_id).cast("long").alias("stamp_batch"),
+        F.lit(now).alias("stamped_ts"),
+        F.lit(0).alias("revision"),
+    )
+
+
+def quarantined_rows(checked: DataFrame, batch_id: int, now: datetime) -> DataFrame:
+    """The refused rows of :func:`check`'s output with their reason (``quarantine`` schema).
+
+    Example:
+        >>> quarantined_rows(check(batch, cfg), 7, clock.now())  # doctest: +SKIP
+    """
+    return checked.where(F.col("reason").isNotNull()).select(
+        *[F.col(c) for c in column_names(COMMITLOG)],
+        F.col("reason"),
+        F.lit(batch_id).cast("long").alias("stamp_batch"),
+        F.lit(now).alias("quarantined_ts"),
+    )
+
+
 def stamp(
     df: DataFrame, cfg: EngineConfig, batch_id: int, now: datetime
 ) -> tuple[DataFrame, DataFrame]:
@@ -56,25 +105,5 @@ def stamp(
     Returns:
         ``(scheduled, quarantined)`` with the ``schedule`` and ``quarantine`` schemas.
     """
-    message = [F.col(c) for c in column_names(COMMITLOG)]
-    checked = df.select(*message, rejection_reason(cfg).alias("reason"))
-    timer = F.col("deliver_at").isNotNull()
-    level_queue = queue_of(cfg.levels, F.col("delay_level"))
-    queue = F.when(timer, F.lit(TIMER_QUEUE)).otherwise(level_queue)
-    delayed = F.timestamp_millis(F.unix_millis("store_ts") + delay_ms_of(cfg.levels, level_queue))
-    deliver = F.when(timer, F.col("deliver_at")).otherwise(delayed)
-    scheduled = checked.where(F.col("reason").isNull()).select(
-        *message,
-        queue.alias("queue_id"),
-        deliver.alias("deliver_ts"),
-        F.lit(batch_id).cast("long").alias("stamp_batch"),
-        F.lit(now).alias("stamped_ts"),
-        F.lit(0).alias("revision"),
-    )
-    quarantined = checked.where(F.col("reason").isNotNull()).select(
-        *message,
-        F.col("reason"),
-        F.lit(batch_id).cast("long").alias("stamp_batch"),
-        F.lit(now).alias("quarantined_ts"),
-    )
-    return scheduled, quarantined
+    checked = check(df, cfg)
+    return scheduled_rows(checked, cfg, batch_id, now), quarantined_rows(checked, batch_id, now)

@@ -12,15 +12,16 @@ Example:
 
 from __future__ import annotations
 
-from pyspark.sql import DataFrame, SparkSession
+import uuid
+
+from pyspark.sql import DataFrame, Observation, SparkSession
 from pyspark.sql import functions as F
 
 from engine.core.clock import Clock
 from engine.core.config import EngineConfig
-from engine.core.message import rejection_reason
 from engine.lakehouse.delta_log import append
 from engine.lakehouse.layout import Layout
-from engine.stamp.transform import stamp
+from engine.stamp.transform import check, quarantined_rows, scheduled_rows
 
 STAMP_APP_ID = "delayq-stamp"
 
@@ -40,37 +41,40 @@ class StampWriter:
         self._written: dict[str, int] = {}  # table path -> highest stamp_batch it holds
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        """Stamp one micro-batch; safe to call again with the same ``batch_id``."""
-        batch = batch.persist()
-        try:
-            scheduled, quarantined = stamp(batch, self.cfg, batch_id, self.clock.now())
-            counts = {
-                row["ok"]: row["n"]
-                for row in batch.groupBy(rejection_reason(self.cfg).isNull().alias("ok"))
-                .agg(F.count(F.lit(1)).alias("n"))
-                .collect()
-            }
-            good, bad = counts.get(True, 0), counts.get(False, 0)
-            if good:
-                # One sorted run per queue, cut every stamp.max_rows_per_file rows: each
-                # file then spans a narrow deliver_ts range, which data skipping exploits.
-                # A batch that fits in one file needs no shuffle: one task writes it.
-                spread = (
-                    scheduled.coalesce(1)
-                    if good <= self.cfg.stamp_file_rows
-                    else scheduled.repartition("queue_id")
-                )
-                ordered = spread.sortWithinPartitions("queue_id", "deliver_ts")
-                self._append(ordered, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
-            if bad:
-                self._append(quarantined, self.layout.quarantine, batch_id)
-        finally:
-            batch.unpersist()
+        """Stamp one micro-batch; safe to call again with the same ``batch_id``.
+
+        One Spark job in the common case: the ``schedule`` append counts the refused rows
+        as it goes (an :class:`~pyspark.sql.Observation`), and only a batch that has some
+        reads its input again to write them to ``quarantine``.
+        """
+        now = self.clock.now()
+        checked = check(batch, self.cfg)
+        if self._holds(batch.sparkSession, self.layout.schedule, batch_id):
+            # Replayed after a crash that came after the schedule append: finish the rest.
+            rejected = not checked.where(F.col("reason").isNotNull()).isEmpty()
+        else:
+            counts = Observation(f"delayq-stamp-{uuid.uuid4().hex}")
+            observed = checked.observe(counts, F.count(F.col("reason")).alias("rejected"))
+            scheduled = scheduled_rows(observed, self.cfg, batch_id, now)
+            # One sorted run per queue, cut every stamp.max_rows_per_file rows: each file
+            # then spans a narrow deliver_ts range, which data skipping exploits. A batch
+            # read as one partition needs no shuffle: its one task writes it sorted.
+            if batch.rdd.getNumPartitions() > 1:
+                scheduled = scheduled.repartition("queue_id")
+            ordered = scheduled.sortWithinPartitions("queue_id", "deliver_ts")
+            self._append(ordered, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
+            rejected = bool(counts.get["rejected"])
+        if rejected:
+            self._append(quarantined_rows(checked, batch_id, now), self.layout.quarantine, batch_id)
+
+    def _holds(self, spark: SparkSession, path: str, batch_id: int) -> bool:
+        """Whether the table already holds this batch (a replay of a batch it received)."""
+        if path not in self._written:
+            self._written[path] = highest_batch(spark, path)
+        return batch_id <= self._written[path]
 
     def _append(self, df: DataFrame, path: str, batch_id: int, file_rows: int = 0) -> None:
-        if path not in self._written:
-            self._written[path] = highest_batch(df.sparkSession, path)
-        if batch_id <= self._written[path]:
+        if self._holds(df.sparkSession, path, batch_id):
             return  # a replayed batch that reached this table before the crash
         try:
             append(

@@ -9,11 +9,14 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
 from engine.deliver.checkpoint import Plan, Progress
 from engine.deliver.round import candidate_condition, due_condition
+from engine.lakehouse.tables import ensure_tables
 from engine.stamp.transform import stamp
+from engine.stamp.writer import StampWriter
 from schemas import COMMITLOG
 
 pytestmark = pytest.mark.integration
@@ -84,3 +87,27 @@ def test_round_cutoff_picks_newly_due_and_late_stamped_rows(spark: SparkSession)
     ]
     # the scan also sees what was stamped since, to learn the new stamp high mark
     assert candidates.agg(F.max("stamp_batch")).first()[0] == 4  # type: ignore[index]
+
+
+def test_stamp_writer_stores_each_row_once_across_replays(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    lay = ensure_tables(spark, cfg)
+    valid = [("ok1", "orders", b"a", 1), ("ok2", "audit", b"b", None)]
+    batch = commitlog_rows(spark, [*valid, ("notopic", None, b"c", 1)])
+    clock = FakeClock(T0)
+
+    StampWriter(cfg, lay, clock)(batch, 0)
+    StampWriter(cfg, lay, clock)(batch, 0)  # Spark replays the batch after a crash
+    # A crash between the two appends of batch 1: schedule has it, quarantine not yet.
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, valid), 1)
+    StampWriter(cfg, lay, clock)(batch, 1)
+    # A batch of refused rows only.
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("bad", None, b"d", 2)]), 2)
+
+    def stored(path: str) -> list[tuple[str, int]]:
+        rows = spark.read.format("delta").load(path).select("msg_id", "stamp_batch").collect()
+        return sorted((r["msg_id"], r["stamp_batch"]) for r in rows)
+
+    assert stored(lay.schedule) == [("ok1", 0), ("ok1", 1), ("ok2", 0), ("ok2", 1)]
+    assert stored(lay.quarantine) == [("bad", 2), ("notopic", 0), ("notopic", 1)]
