@@ -1,12 +1,14 @@
 """Run the engine: the stamping stream and the delivery stage, with progress and status.
 
-Two streaming queries run in one Spark application:
+Both run in one Spark application:
 
-* ``delayq-stamp``: ``commitlog`` (Delta source) -> ``foreachBatch`` (:class:`StampWriter`)
-  -> ``schedule`` / ``quarantine``;
-* ``delayq-deliver``: a ``rate-micro-batch`` ticker -> ``foreachBatch`` running one
-  delivery round (:meth:`Delivery.run_round`) per tick; after each round the engine names
-  new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.Catalog`).
+* ``delayq-stamp``, a streaming query: ``commitlog`` (Delta source) -> ``foreachBatch``
+  (:class:`StampWriter`) -> ``schedule`` / ``quarantine``;
+* ``delayq-deliver``, a driver thread: one delivery round (:meth:`Delivery.run_round`) every
+  ``delivery.poll_interval`` (at once when a round took longer); after each round the engine
+  names new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.Catalog`).
+  A round's exactly-once state is its own (the delayOffset checkpoint), so the loop needs
+  no streaming checkpoint: a plain thread saves a micro-batch's bookkeeping per round.
 
 Example:
     >>> engine = Engine(spark, cfg).open()       # doctest: +SKIP
@@ -98,6 +100,8 @@ class Engine:
         self.catalog = Catalog(spark, cfg)
         self.stats = DeliveryStats()
         self.queries: list[StreamingQuery] = []
+        self._loop: threading.Thread | None = None
+        self._loop_error: BaseException | None = None
         self._stopping = threading.Event()
         self._round = threading.Lock()  # held while a delivery round runs
         self._opened = False
@@ -187,7 +191,18 @@ class Engine:
             return writer.trigger(availableNow=True).start()
         return writer.trigger(processingTime=f"{self.cfg.stamp_interval_ms} milliseconds").start()
 
-    def _tick(self, _batch: object, _batch_id: int) -> None:
+    def _delivery_loop(self) -> None:
+        interval = self.cfg.poll_interval_ms / 1000
+        try:
+            while not self._stopping.is_set():
+                started = time.monotonic()
+                self._tick()
+                self._stopping.wait(max(0.0, started + interval - time.monotonic()))
+        except BaseException as err:  # terminal: run() (check_queries) reports it
+            if not self._stopping.is_set():
+                self._loop_error = err
+
+    def _tick(self) -> None:
         if self._stopping.is_set():
             return
         try:
@@ -219,18 +234,10 @@ class Engine:
         """Start the stamping stream and the delivery stage in the background."""
         self.open()
         self._stopping.clear()
+        self._loop_error = None
         self.queries.append(self._stamp_query())
-        ticker = (
-            self.spark.readStream.format("rate-micro-batch")
-            .option("rowsPerBatch", 1)
-            .load()
-            .writeStream.queryName(DELIVER_QUERY)
-            .foreachBatch(self._tick)
-            .option("checkpointLocation", self.layout.checkpoint("delivery_ticker"))
-            .trigger(processingTime=f"{self.cfg.poll_interval_ms} milliseconds")
-            .start()
-        )
-        self.queries.append(ticker)
+        self._loop = threading.Thread(target=self._delivery_loop, name=DELIVER_QUERY, daemon=True)
+        self._loop.start()
 
     def stop(self) -> None:
         """Stop both queries, letting a delivery round in progress finish first.
@@ -240,6 +247,9 @@ class Engine:
         self._stopping.set()
         if self._round.acquire(timeout=STOP_WAIT_S):  # no new round starts once stopping
             self._round.release()
+        if self._loop is not None:
+            self._loop.join(timeout=STOP_WAIT_S)
+            self._loop = None
         # Stopping interrupts a running foreachBatch: it fails, Spark does not commit that
         # batch, and it runs again at the next start. py4j would log that as an error.
         py4j_log = logging.getLogger("py4j.clientserver")
@@ -256,14 +266,27 @@ class Engine:
         self.queries.clear()
 
     def wait_until_warm(self, timeout_s: float = 120.0) -> None:
-        """Wait until both streams have finished a first batch (slow in a fresh JVM)."""
+        """Wait until the stamping stream and the delivery stage have done a first batch each.
+
+        The first batches of a fresh JVM take several seconds.
+        """
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not all(q.lastProgress for q in self.queries):
+        while time.monotonic() < deadline and not (
+            all(q.lastProgress for q in self.queries) and self.stats.rounds
+        ):
             self.check_queries()
             time.sleep(0.2)
 
     def check_queries(self) -> None:
-        """Raise if a stream has stopped with an error."""
+        """Raise if the stream or the delivery stage has stopped with an error.
+
+        Raises:
+            DelayQError: the delivery stage's terminal error (e.g. rounds failing for
+                minutes), as it was raised.
+            RuntimeError: the stamping stream stopped with an error.
+        """
+        if self._loop_error is not None:
+            raise self._loop_error
         for query in self.queries:
             if not query.isActive and query.exception() is not None:
                 raise RuntimeError(f"{query.name} stopped: {query.exception()}")
@@ -297,7 +320,7 @@ class Engine:
         Args:
             until_idle: stop once every message sent is delivered or quarantined.
             max_seconds: stop after this long whatever is pending.
-            when_warm: called once both streams have finished a first batch (the first
+            when_warm: called once stamping and delivery have each done a first batch (the first
                 batches of a fresh JVM take several seconds), e.g. to send a demo set.
 
         Returns:
