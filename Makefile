@@ -17,10 +17,13 @@ PYTEST_ARGS ?=
 # make bench MODE=full for the long run; BENCH_ARGS="--workloads steady,spike" to pick.
 MODE      ?= quick
 BENCH_ARGS ?=
+# The Apache RocketMQ peer harness `make bench-peers` runs (WITH_PEERS=1: right after `make bench`).
+PEERS     ?= ../shared/peers/rocketmq
+WITH_PEERS ?=
 
 KAFKA_HOME := .kafka
 
-.PHONY: help setup venv jars kafka-jars kafka-up kafka-down ingest run engine status test test-quick bench check lint typecheck imports clean distclean
+.PHONY: help setup venv jars kafka-jars kafka-up kafka-down ingest run engine status test test-quick bench bench-peers check lint typecheck imports clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -87,6 +90,10 @@ test-quick: setup ## Run only the fast tests (no Spark)
 
 bench: setup ## Benchmark (MODE=quick, ~15-20 min, or MODE=full): JSON + PNG in bench/out/
 	$(SUBMIT) --driver-memory 12g jobs/bench.py --mode $(MODE) $(BENCH_ARGS)
+	@if [ -n "$(WITH_PEERS)" ]; then $(MAKE) --no-print-directory bench-peers; fi
+
+bench-peers: setup ## RocketMQ 5.5 on the newest bench run's workloads, side by side (PEERS=harness)
+	$(BIN)/python -m jobs.tools.peers --harness $(PEERS) $(PEERS_ARGS)
 
 check: lint typecheck imports ## ruff, mypy and the import contracts
 
