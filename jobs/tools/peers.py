@@ -53,12 +53,15 @@ class PeerRun:
     args: tuple[str, ...]
 
 
-def peer_runs(results: dict[str, Any], quick: bool = False) -> list[PeerRun]:
+def peer_runs(
+    results: dict[str, Any], quick: bool = False, workloads: Sequence[str] = ("steady", "spike")
+) -> list[PeerRun]:
     """The broker runs matching an engine benchmark's workloads.
 
     Args:
         results: the engine's benchmark JSON.
         quick: only the first steady rate (timers and level), no spike.
+        workloads: which of the engine's workloads to compare.
 
     Example:
         >>> runs = peer_runs({"workloads": {"steady": [{"rate_target": 1000, "seconds": 20}]}})
@@ -67,7 +70,7 @@ def peer_runs(results: dict[str, Any], quick: bool = False) -> list[PeerRun]:
     """
     work = results.get("workloads", {})
     runs: list[PeerRun] = []
-    steady = work.get("steady", [])
+    steady = work.get("steady", []) if "steady" in workloads else []
     for i, step in enumerate(steady[:1] if quick else steady):
         rate, seconds = int(step["rate_target"]), int(step["seconds"])
         label = f"steady {rate:,}/s"
@@ -76,7 +79,7 @@ def peer_runs(results: dict[str, Any], quick: bool = False) -> list[PeerRun]:
             runs.append(PeerRun(label, "level 1 s", ("level", *common, "--level", "1")))
         timers = ("--delay-min-ms", "1000", "--delay-max-ms", "3000")
         runs.append(PeerRun(label, "timers", ("timer", *common, *timers)))
-    spike = work.get("spike")
+    spike = work.get("spike") if "spike" in workloads else None
     if spike and not quick:
         size = int(spike["size"])
         # The broker takes ~7k msg/s: the instant must come after the last send.
@@ -269,6 +272,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--results", help="engine benchmark JSON (default: newest in --out)")
     parser.add_argument("--out", default="bench/out", help="output folder (default bench/out)")
     parser.add_argument("--quick", action="store_true", help="first steady rate only, no spike")
+    parser.add_argument(
+        "--workloads", default="steady,spike", help="of the engine's: steady,spike (default)"
+    )
     args = parser.parse_args(argv)
     harness = Path(args.harness)
     if not (harness / "run.sh").is_file():
@@ -280,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     source = Path(args.results) if args.results else newest_results(Path(args.out))
     results = json.loads(source.read_text())
-    runs = peer_runs(results, quick=args.quick)
+    chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
+    runs = peer_runs(results, quick=args.quick, workloads=chosen)
     if not runs:
         print(f"error: {source} has no steady or spike workload to compare", file=sys.stderr)
         return 2

@@ -64,7 +64,9 @@ def test_the_table_pairs_each_broker_run_with_the_engine_row_and_the_ratio() -> 
     runs = peers.peer_runs(RESULTS)
     lines = {"level": 150, "timer": 1100, "spike": 700}
 
-    rows = peers.compare(RESULTS, runs, lambda r: broker_line(r.args[0], lines[r.args[0]]), say=str)
+    rows = peers.compare(
+        RESULTS, runs, lambda r: broker_line(r.args[0], lines[r.args[0]]), say=lambda _: None
+    )
     text = peers.table(rows)
 
     assert rows[0]["p99_ratio"] == 30.0  # 4500 ms against 150 ms
@@ -75,7 +77,7 @@ def test_the_table_pairs_each_broker_run_with_the_engine_row_and_the_ratio() -> 
 def test_a_failed_broker_run_is_a_row_without_figures() -> None:
     runs = peers.peer_runs(RESULTS, quick=True)
 
-    rows = peers.compare(RESULTS, runs, lambda r: None, say=str)
+    rows = peers.compare(RESULTS, runs, lambda r: None, say=lambda _: None)
 
     assert [r["rocketmq"] for r in rows] == [None, None]
     assert "| - |" in peers.table(rows)
@@ -88,3 +90,9 @@ def test_a_missing_harness_is_named(tmp_path: Path, capsys: Any) -> None:
 
     assert code == 2
     assert "no RocketMQ peer harness at" in capsys.readouterr().err
+
+
+def test_workloads_pick_what_is_compared() -> None:
+    runs = peers.peer_runs(RESULTS, workloads=["spike"])
+
+    assert [r.kind for r in runs] == ["spike"]
