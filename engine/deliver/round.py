@@ -139,8 +139,8 @@ def to_topic_rows(due: DataFrame, delivered_ts: datetime, round_: int) -> DataFr
 class Delivery:
     """Runs delivery rounds against one lakehouse; keeps the committed progress in memory.
 
-    Use :meth:`run_round` as the body of a ``foreachBatch`` (see :mod:`engine.run.engine`),
-    or call it directly with a fake clock in tests. The constructor only holds what it is
+    The engine's delivery loop calls :meth:`run_round` (see :mod:`engine.run.engine`); tests
+    call it directly with a fake clock in tests. The constructor only holds what it is
     given; :meth:`open` reads the checkpoint.
 
     Args:
@@ -255,7 +255,17 @@ class Delivery:
             prev,
             plan,
             resolution,
-        ).persist(StorageLevel.MEMORY_AND_DISK)
+        )
+        # Only due rows need their payload (body, properties...): the cache keeps just the
+        # summary's columns of the others (a large batch stamped far ahead stays small).
+        summary_columns = {"topic", "queue_id", "stamp_batch", "deliver_ts"}
+        candidates = candidates.select(
+            *[
+                F.col(c) if c in summary_columns or c.startswith("_") else
+                F.when(F.col("_due"), F.col(c)).alias(c)
+                for c in candidates.columns
+            ]
+        ).persist(StorageLevel.MEMORY_AND_DISK)  # fmt: skip
         try:
             return self._deliver(prev, plan, resolution, candidates, replayed, started)
         finally:

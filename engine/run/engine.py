@@ -199,8 +199,8 @@ class Engine:
                 self._tick()
                 self._stopping.wait(max(0.0, started + interval - time.monotonic()))
         except BaseException as err:  # terminal: run() (check_queries) reports it
-            if not self._stopping.is_set():
-                self._loop_error = err
+            log.error("the delivery stage stopped: %s", err, exc_info=err)
+            self._loop_error = err
 
     def _tick(self) -> None:
         if self._stopping.is_set():
@@ -212,7 +212,7 @@ class Engine:
                 self._deliver()
         except DelayQError as err:
             if not isinstance(err, RetryableError):
-                raise  # terminal: stops the query, and run() reports it
+                raise  # terminal: ends the delivery loop, and run() reports it
             self._retry_later(err)
         except Exception as err:  # Spark/storage failures: the plan makes a retry safe
             if self._stopping.is_set():
@@ -233,6 +233,8 @@ class Engine:
     def start(self) -> None:
         """Start the stamping stream and the delivery stage in the background."""
         self.open()
+        if self._loop is not None and self._loop.is_alive():
+            raise RuntimeError("the engine is running: stop() it before starting it again")
         self._stopping.clear()
         self._loop_error = None
         self.queries.append(self._stamp_query())
@@ -240,7 +242,7 @@ class Engine:
         self._loop.start()
 
     def stop(self) -> None:
-        """Stop both queries, letting a delivery round in progress finish first.
+        """Stop the delivery loop and the stamping stream; a round in progress finishes first.
 
         A stamping batch cut short is replayed at the next start (Spark did not commit it).
         """
@@ -249,7 +251,8 @@ class Engine:
             self._round.release()
         if self._loop is not None:
             self._loop.join(timeout=STOP_WAIT_S)
-            self._loop = None
+            if not self._loop.is_alive():
+                self._loop = None
         # Stopping interrupts a running foreachBatch: it fails, Spark does not commit that
         # batch, and it runs again at the next start. py4j would log that as an error.
         py4j_log = logging.getLogger("py4j.clientserver")

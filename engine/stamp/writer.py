@@ -49,9 +49,12 @@ class StampWriter:
         """
         now = self.clock.now()
         checked = check(batch, self.cfg)
-        if self._holds(batch.sparkSession, self.layout.schedule, batch_id):
+        spark = batch.sparkSession
+        if self._holds(spark, self.layout.schedule, batch_id):
             # Replayed after a crash that came after the schedule append: finish the rest.
-            rejected = not checked.where(F.col("reason").isNotNull()).isEmpty()
+            rejected = not self._holds(spark, self.layout.quarantine, batch_id) and not (
+                checked.where(F.col("reason").isNotNull()).isEmpty()
+            )
         else:
             counts = Observation(f"delayq-stamp-{uuid.uuid4().hex}")
             observed = checked.observe(counts, F.count(F.col("reason")).alias("rejected"))
@@ -63,7 +66,13 @@ class StampWriter:
                 scheduled = scheduled.repartition("queue_id")
             ordered = scheduled.sortWithinPartitions("queue_id", "deliver_ts")
             self._append(ordered, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
-            rejected = bool(counts.get["rejected"])
+            # (a missing metric would be a Spark bug: look at the rows rather than guess)
+            seen = counts.get.get("rejected")
+            rejected = (
+                bool(seen)
+                if seen is not None
+                else not checked.where(F.col("reason").isNotNull()).isEmpty()
+            )
         if rejected:
             self._append(quarantined_rows(checked, batch_id, now), self.layout.quarantine, batch_id)
 

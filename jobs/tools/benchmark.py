@@ -2,9 +2,9 @@
 
 A tool that ships with the project, not part of the library (it needs matplotlib).
 
-Every workload runs the real engine (both streams, real clock) on a fresh lakehouse under
-the output folder, in the same Spark application as the load generator (the embedded
-default: one JVM on the machine's cores).
+Every workload runs the real engine (stamping stream and delivery loop, real clock) on a
+fresh lakehouse under the output folder, in the same Spark application as the load
+generator (the embedded default: one JVM on the machine's cores).
 
 Lateness is measured from when a row became visible in its topic table: the timestamp of
 the Delta commit that holds it (each topic write records its round in ``userMetadata``),
@@ -370,7 +370,7 @@ class Bench:
 
     @contextmanager
     def engine(self, cfg: EngineConfig) -> Iterator[Engine]:
-        """A started engine, warm (both streams through a first batch), stopped after."""
+        """A started engine, warm (stamping and delivery through a first batch), stopped after."""
         engine = Engine(self.spark, cfg, out=lambda line: log.info(line))
         engine.start()  # opens it first
         engine.wait_until_warm()
