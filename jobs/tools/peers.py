@@ -154,15 +154,16 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
     """The side-by-side table (Markdown), one line per broker run."""
     head = (
         "| workload | RocketMQ mode | delayq p50 / p99 ms | RocketMQ p50 / p99 ms "
-        "| p99 ratio | delayq early/dup/miss | RocketMQ early/dup/miss |"
+        "| p99 ratio | msg/s delayq / RocketMQ | delayq early/dup/miss | RocketMQ early/dup/miss |"
     )
-    lines = [head, "|" + "---|" * 7]
+    lines = [head, "|" + "---|" * 8]
     for row in rows:
         ours, theirs = row["delayq"] or {}, row["rocketmq"] or {}
         lines.append(
             f"| {row['label']} | {row['kind']} | {ours.get('p50_ms', '-')} / "
             f"{ours.get('p99_ms', '-')} | {theirs.get('p50_ms', '-')} / "
-            f"{theirs.get('p99_ms', '-')} | {_x(row['p99_ratio'])} | {_flags(ours)} | "
+            f"{theirs.get('p99_ms', '-')} | {_x(row['p99_ratio'])} | {_rate(ours)} / "
+            f"{_rate(theirs)} | {_flags(ours)} | "
             f"{_flags(theirs)} |"
         )
     return "\n".join(lines)
@@ -170,6 +171,11 @@ def table(rows: Sequence[dict[str, Any]]) -> str:
 
 def _x(value: float | None) -> str:
     return "-" if value is None else f"{value:g}x"
+
+
+def _rate(fig: dict[str, Any]) -> str:
+    rate = fig.get("rate")
+    return "-" if rate is None else f"{round(rate):,}"
 
 
 def _flags(fig: dict[str, Any]) -> str:
