@@ -140,7 +140,7 @@ class Delivery:
     """Runs delivery rounds against one lakehouse; keeps the committed progress in memory.
 
     The engine's delivery loop calls :meth:`run_round` (see :mod:`engine.run.engine`); tests
-    call it directly with a fake clock in tests. The constructor only holds what it is
+    call it directly with a fake clock. The constructor only holds what it is
     given; :meth:`open` reads the checkpoint.
 
     Args:

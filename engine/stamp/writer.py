@@ -52,8 +52,8 @@ class StampWriter:
         spark = batch.sparkSession
         if self._holds(spark, self.layout.schedule, batch_id):
             # Replayed after a crash that came after the schedule append: finish the rest.
-            rejected = not self._holds(spark, self.layout.quarantine, batch_id) and not (
-                checked.where(F.col("reason").isNotNull()).isEmpty()
+            rejected = not self._holds(spark, self.layout.quarantine, batch_id) and _any_refused(
+                checked
             )
         else:
             counts = Observation(f"delayq-stamp-{uuid.uuid4().hex}")
@@ -68,11 +68,7 @@ class StampWriter:
             self._append(ordered, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
             # (a missing metric would be a Spark bug: look at the rows rather than guess)
             seen = counts.get.get("rejected")
-            rejected = (
-                bool(seen)
-                if seen is not None
-                else not checked.where(F.col("reason").isNotNull()).isEmpty()
-            )
+            rejected = bool(seen) if seen is not None else _any_refused(checked)
         if rejected:
             self._append(quarantined_rows(checked, batch_id, now), self.layout.quarantine, batch_id)
 
@@ -97,6 +93,11 @@ class StampWriter:
             self._written.pop(path, None)
             raise
         self._written[path] = batch_id
+
+
+def _any_refused(checked: DataFrame) -> bool:
+    """Whether :func:`~engine.stamp.transform.check`'s output has a refused row (one job)."""
+    return not checked.where(F.col("reason").isNotNull()).isEmpty()
 
 
 def highest_batch(spark: SparkSession, path: str) -> int:
