@@ -37,7 +37,7 @@ from typing import Any
 from pyspark.sql import functions as F
 
 from engine.core.config import EngineConfig, load_config, parse_override
-from engine.core.errors import DelayQError
+from engine.core.errors import DelayQError, InvalidMessageError
 
 DEMO_TOPICS = ("orders", "notifications")
 DEMO_MAX_LEVEL = 4  # 30 s with the default table: the demo ends within a minute
@@ -195,20 +195,41 @@ def demo_messages(levels: int) -> list[dict[str, Any]]:
     return messages
 
 
-def _messages_from_file(path: str) -> list[dict[str, Any]]:
-    handle = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+def _messages_from_file(path: str, cfg: EngineConfig) -> list[dict[str, Any]]:
+    """The messages of a JSON-lines file, each checked; a bad one names its line.
+
+    Raises:
+        DelayQError: ``<file>:<line>: <what is wrong>``, or that the file holds no message.
+    """
+    from engine.core.message import message_from_mapping, validate
+
+    name = "standard input" if path == "-" else path
     try:
-        items = []
+        handle = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
+    except OSError as err:
+        raise DelayQError(f"cannot read --file {path}: {err.strerror}") from None
+    try:
+        items: list[dict[str, Any]] = []
         for number, line in enumerate(handle, start=1):
-            if line.strip():
-                try:
-                    items.append(json.loads(line))
-                except json.JSONDecodeError as err:
-                    raise DelayQError(f"{path}:{number}: not a JSON object: {err}") from None
-        return items
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as err:
+                raise DelayQError(f"{name}:{number}: not a JSON object: {err}") from None
+            if not isinstance(item, dict):
+                raise DelayQError(f"{name}:{number}: not a JSON object: {line.strip()[:60]}")
+            try:
+                validate(message_from_mapping(item, len(items)), cfg)
+            except InvalidMessageError as err:
+                raise DelayQError(f"{name}:{number}: {err}") from None
+            items.append(item)
     finally:
         if handle is not sys.stdin:
             handle.close()
+    if not items:
+        raise DelayQError(f"{name} holds no message (one JSON object per line): nothing sent")
+    return items
 
 
 def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
@@ -217,7 +238,7 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
     from engine.produce.send import send_many
 
     if args.file:
-        messages = _messages_from_file(args.file)
+        messages = _messages_from_file(args.file, cfg)
     else:
         if not args.topic or args.body is None:
             raise DelayQError("send needs --topic and --body (or --file)")

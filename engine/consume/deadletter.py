@@ -214,7 +214,7 @@ def resend(
                 properties=user,
             )
         )
-    return send_many(spark, cfg, messages, clock)
+    return send_many(spark, cfg, messages, clock, engine=True)
 
 
 def purge(

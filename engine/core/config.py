@@ -183,6 +183,8 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "lakehouse.database": ("database", _identifier),
     "levels.delays": ("levels", lambda k, v: parse_levels(str(v), k)),
     "messages.max_body_bytes": ("max_body_bytes", _positive_int),
+    "messages.allow_empty_body": ("allow_empty_body", _bool),
+    "messages.max_property_name_length": ("max_property_name", _positive_int),
     "messages.max_delay": ("max_delay_ms", _duration),
     "stamp.interval": ("stamp_interval_ms", _duration),
     "stamp.max_files_per_batch": ("stamp_max_files", _positive_int),
@@ -214,6 +216,8 @@ class EngineConfig:
         database: SQL database the topic tables are registered in.
         levels: the delay level table.
         max_body_bytes: largest accepted message body (RocketMQ's default is 4 MiB).
+        allow_empty_body: accept messages whose body is empty (refused by default).
+        max_property_name: longest user property name, in characters.
         max_delay_ms: longest delay a timer message may ask for (``messages.max_delay``).
         stamp_interval_ms: trigger interval of the stamping stream.
         stamp_max_files: ``maxFilesPerTrigger`` of the stamping stream.
@@ -250,6 +254,8 @@ class EngineConfig:
     database: str = "delayq"
     levels: LevelTable = field(default_factory=lambda: parse_levels(DEFAULT_LEVELS))
     max_body_bytes: int = 4 * 1024 * 1024
+    allow_empty_body: bool = False
+    max_property_name: int = 128
     max_delay_ms: int = 30 * 86_400_000
     stamp_interval_ms: int = 200
     stamp_max_files: int = 1000

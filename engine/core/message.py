@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -45,6 +46,12 @@ ENGINE_PROPERTIES = (
     PROP_DLQ_REASON,
     PROP_FAILURES,
 )
+#: Property names a producer may not set: the engine's own (a forged ``RECONSUME_TIME`` would
+#: shorten a message's retries). The engine sets them itself when it sends messages back.
+RESERVED_PROPERTIES = frozenset((*ENGINE_PROPERTIES, PROP_DLQ_MSG_ID))
+#: What a user property name may hold (no ``=``, which ``--property NAME=VALUE`` splits on,
+#: no spaces or control characters).
+PROPERTY_NAME_PATTERN = r"^[A-Za-z0-9_.:-]+$"
 FAILURES_TYPE = "array<struct<group:string,attempt:int,reason:string,at:string>>"
 #: The fields a message given as a mapping may have.
 MESSAGE_FIELDS = frozenset(
@@ -160,15 +167,51 @@ def _relative(value: object) -> timedelta:
     raise InvalidMessageError("delay", value, "expected a timedelta or e.g. '90s', '15m', '2d'")
 
 
+def check_property_name(name: object, cfg: EngineConfig, engine: bool = False) -> None:
+    """Refuse a property name that is empty, too long, has other characters than
+    ``A-Z a-z 0-9 _ . - :``, or is one of the engine's own (unless ``engine`` sends it).
+
+    Raises:
+        InvalidMessageError: naming the property.
+
+    Example:
+        >>> from engine.core.config import EngineConfig
+        >>> check_property_name("region", EngineConfig())
+        >>> try:
+        ...     check_property_name("a=b", EngineConfig())
+        ... except InvalidMessageError as err:
+        ...     print(err.field, err.value)
+        properties a=b
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidMessageError("properties", name, "property names must be non-empty strings")
+    if len(name) > cfg.max_property_name:
+        raise InvalidMessageError(
+            "properties",
+            name,
+            f"property name longer than messages.max_property_name_length={cfg.max_property_name}",
+        )
+    if not re.match(PROPERTY_NAME_PATTERN, name):
+        raise InvalidMessageError(
+            "properties", name, "property names may hold only A-Z a-z 0-9 _ . - :"
+        )
+    if not engine and name in RESERVED_PROPERTIES:
+        raise InvalidMessageError(
+            "properties", name, "is set by the engine itself; choose another name"
+        )
+
+
 def validate(
-    message: Message, cfg: EngineConfig, store_ts: datetime | None = None
+    message: Message, cfg: EngineConfig, store_ts: datetime | None = None, engine: bool = False
 ) -> dict[str, Any]:
     """Check a message and return its ``commitlog`` fields (without id and store time).
 
     Args:
         message: the message.
-        cfg: limits (body size, maximum delay).
+        cfg: limits (body size, maximum delay, property names).
         store_ts: the store time relative delays count from (default: now).
+        engine: the engine sends it (a dead letter sent again): its own property names
+            are allowed.
 
     Raises:
         InvalidMessageError: naming the first bad field and its value.
@@ -179,6 +222,10 @@ def validate(
         body = body.encode("utf-8")
     if not isinstance(body, bytes | bytearray):
         raise InvalidMessageError("body", body, "must be bytes or str")
+    if not body and not cfg.allow_empty_body:
+        raise InvalidMessageError(
+            "body", "", "is empty (set messages.allow_empty_body = true to accept empty bodies)"
+        )
     if len(body) > cfg.max_body_bytes:
         raise InvalidMessageError(
             "body",
@@ -196,10 +243,7 @@ def validate(
         raise InvalidMessageError("tags", message.tags, "must be a string")
     properties = dict(message.properties or {})
     for name, value in properties.items():
-        if not isinstance(name, str) or not name:
-            raise InvalidMessageError(
-                "properties", name, "property names must be non-empty strings"
-            )
+        check_property_name(name, cfg, engine)
         if not isinstance(value, str):
             raise InvalidMessageError(
                 f"properties[{name!r}]", value, "property values must be strings"
@@ -264,6 +308,11 @@ def rejection_reason(cfg: EngineConfig) -> Column:
         F.map_entries(F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))),
         lambda e: (F.length(e["key"]) == 0) | e["value"].isNull(),
     )
+    bad_name = F.filter(
+        F.map_keys(F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))),
+        lambda k: ~k.rlike(PROPERTY_NAME_PATTERN) | (F.length(k) > cfg.max_property_name),
+    )
+    empty_body = F.lit(False) if cfg.allow_empty_body else F.length("body") == 0
     return (
         F.when(F.col("msg_id").isNull(), F.lit("msg_id is missing"))
         .when(topic.isNull() | (topic == ""), F.lit("topic is missing"))
@@ -273,6 +322,7 @@ def rejection_reason(cfg: EngineConfig) -> Column:
         )
         .when(reserved, F.concat(F.lit("topic '"), topic, F.lit("' is an engine table name")))
         .when(F.col("body").isNull(), F.lit("body is missing"))
+        .when(empty_body, F.lit("body is empty (messages.allow_empty_body is false)"))
         .when(
             F.length("body") > cfg.max_body_bytes,
             F.concat(
@@ -289,4 +339,15 @@ def rejection_reason(cfg: EngineConfig) -> Column:
             F.lit(f"deliver_at is more than messages.max_delay={cfg.max_delay_ms // 1000}s ahead"),
         )
         .when(bad_property, F.lit("a property has an empty name or no value"))
+        .when(
+            F.size(bad_name) > 0,
+            F.concat(
+                F.lit("property name '"),
+                F.element_at(bad_name, 1),
+                F.lit(
+                    "' is longer than messages.max_property_name_length="
+                    f"{cfg.max_property_name} or holds characters other than A-Z a-z 0-9 _ . - :"
+                ),
+            ),
+        )
     )

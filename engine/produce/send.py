@@ -44,6 +44,8 @@ def send_many(
     cfg: EngineConfig,
     messages: Iterable[Message | Mapping[str, Any]],
     clock: Clock | None = None,
+    *,
+    engine: bool = False,
 ) -> list[str]:
     """Validate and append messages to ``commitlog`` in one commit.
 
@@ -52,6 +54,7 @@ def send_many(
         cfg: engine configuration (lakehouse, max body size).
         messages: :class:`Message` objects or dicts with the same fields.
         clock: source of ``store_ts`` (and of ``born_ts`` when not given).
+        engine: the engine itself sends them (its own property names are allowed).
 
     Returns:
         The message ids, in input order.
@@ -64,7 +67,7 @@ def send_many(
     fields = []
     for i, item in enumerate(messages):
         message = item if isinstance(item, Message) else message_from_mapping(item, i)
-        fields.append(validate(message, cfg, store_ts))
+        fields.append(validate(message, cfg, store_ts, engine))
     if not fields:
         return []
     ids = [new_msg_id() for _ in fields]

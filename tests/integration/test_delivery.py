@@ -207,7 +207,9 @@ def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
         ('M4', 'orders', array(), NULL, map(), NULL, 1, NULL, {T}, NULL),
         ('M5', 'orders', array(), NULL, map(), X'01', NULL, NULL, {T}, {T} + INTERVAL 40 DAYS),
         ('M6', 'orders', array(), NULL, map(), X'01', 18, NULL,
-         TIMESTAMP'9999-12-31 23:00:00', NULL)"""
+         TIMESTAMP'9999-12-31 23:00:00', NULL),
+        ('M7', 'orders', array(), NULL, map(), X'', 1, NULL, {T}, NULL),
+        ('M8', 'orders', array(), NULL, map('a=b', 'v'), X'01', 1, NULL, {T}, NULL)"""
     )
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     clock.advance(seconds=1)
@@ -223,10 +225,13 @@ def test_bad_rows_in_commitlog_are_quarantined_and_do_not_stop_delivery(
         "M4": "body is missing",
         "M5": "deliver_at is more than messages.max_delay=2592000s ahead",
         "M6": "store_ts is outside 1970-01-01..9000-01-01",
+        "M7": "body is empty (messages.allow_empty_body is false)",
+        "M8": "property name 'a=b' is longer than messages.max_property_name_length=128 "
+        "or holds characters other than A-Z a-z 0-9 _ . - :",
     }
     assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == good
     status = engine.status()
-    assert (status.quarantined, status.idle) == (6, True)
+    assert (status.quarantined, status.idle) == (8, True)
 
 
 def test_topics_differing_only_in_case_lose_nothing(

@@ -96,6 +96,23 @@ def test_cli_send_status_and_sql(
     code, _, err = cli(capsys, cfg, "send", "--topic", "bad topic", "--body", "x")
     assert code == 2 and "invalid message topic='bad topic'" in err
 
+    # A bad line in --file is named by its number, and nothing of the file is sent.
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(
+        json.dumps({"topic": "orders", "body": "fine"})
+        + "\n\n"
+        + json.dumps({"topic": "orders", "body": "x", "properties": {"RECONSUME_TIME": "9"}})
+        + "\n"
+    )
+    code, out, err = cli(capsys, cfg, "send", "--file", str(bad))
+    assert code == 2 and out == "" and f"{bad}:3: invalid message properties=" in err
+    bad.write_text('["not", "an", "object"]\n')
+    code, _, err = cli(capsys, cfg, "send", "--file", str(bad))
+    assert code == 2 and f"{bad}:1: not a JSON object" in err
+    bad.write_text("\n")
+    code, _, err = cli(capsys, cfg, "send", "--file", str(bad))
+    assert code == 2 and "holds no message" in err
+
     Engine(spark, cfg, out=lambda _: None).step()
     delivered = spark.read.format("delta").load(layout(cfg).topic("orders")).count()
     code, out, _ = cli(capsys, cfg, "status")

@@ -27,6 +27,13 @@ CFG = EngineConfig(max_body_bytes=10)
         (Message("orders", "x", properties={"a": 1}), "properties['a']", "strings"),  # type: ignore[dict-item]
         (Message("orders", "x", properties={"": "v"}), "properties", "non-empty"),
         (Message("orders", "x", keys=["ok", ""]), "keys", "non-empty"),
+        (Message("orders", ""), "body", "allow_empty_body"),
+        (Message("orders", b""), "body", "is empty"),
+        (Message("orders", "x", properties={"RECONSUME_TIME": "15"}), "properties", "engine"),
+        (Message("orders", "x", properties={"DLQ_MSG_ID": "x"}), "properties", "engine"),
+        (Message("orders", "x", properties={"a=b": "v"}), "properties", "A-Z a-z 0-9"),
+        (Message("orders", "x", properties={"a b": "v"}), "properties", "A-Z a-z 0-9"),
+        (Message("orders", "x", properties={"k" * 129: "v"}), "properties", "length=128"),
     ],
 )
 def test_bad_messages_are_refused(message: Message, field: str, needle: str) -> None:
@@ -86,3 +93,19 @@ def test_bad_deliver_times_are_refused(kwargs: dict[str, object], field: str, ne
         validate(Message("orders", "x", **kwargs), EngineConfig(), STORE)  # type: ignore[arg-type]
     assert err.value.field == field
     assert needle in str(err.value)
+
+
+def test_limits_on_bodies_and_property_names_come_from_config() -> None:
+    relaxed = EngineConfig(allow_empty_body=True, max_property_name=3)
+    assert validate(Message("orders", ""), relaxed)["body"] == b""
+    with pytest.raises(InvalidMessageError, match="max_property_name_length=3"):
+        validate(Message("orders", "x", properties={"abcd": "v"}), relaxed)
+    fields = validate(
+        Message("orders", "x", properties={"a.b": "v", "c-d:e_1": "w"}), EngineConfig()
+    )
+    assert fields["properties"] == {"a.b": "v", "c-d:e_1": "w"}
+
+
+def test_the_engine_may_send_its_own_property_names() -> None:
+    resent = Message("orders", "x", properties={"ORIGIN_MESSAGE_ID": "A1", "DLQ_MSG_ID": "B2"})
+    assert validate(resent, EngineConfig(), engine=True)["properties"]["DLQ_MSG_ID"] == "B2"
