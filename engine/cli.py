@@ -208,8 +208,9 @@ def _messages_from_file(path: str, cfg: EngineConfig) -> list[dict[str, Any]]:
         handle = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
     except OSError as err:
         raise DelayQError(f"cannot read --file {path}: {err.strerror}") from None
+    items: list[dict[str, Any]] = []
+    number = 0
     try:
-        items: list[dict[str, Any]] = []
         for number, line in enumerate(handle, start=1):
             if not line.strip():
                 continue
@@ -221,9 +222,12 @@ def _messages_from_file(path: str, cfg: EngineConfig) -> list[dict[str, Any]]:
                 raise DelayQError(f"{name}:{number}: not a JSON object: {line.strip()[:60]}")
             try:
                 validate(message_from_mapping(item, len(items)), cfg)
-            except InvalidMessageError as err:
-                raise DelayQError(f"{name}:{number}: {err}") from None
+            except (InvalidMessageError, TypeError, ValueError) as err:
+                what = err if isinstance(err, InvalidMessageError) else f"invalid message: {err}"
+                raise DelayQError(f"{name}:{number}: {what}") from None
             items.append(item)
+    except UnicodeDecodeError:
+        raise DelayQError(f"{name}:{number + 1}: not UTF-8 text") from None
     finally:
         if handle is not sys.stdin:
             handle.close()

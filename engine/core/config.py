@@ -35,6 +35,8 @@ LOCAL_SPARK_CONF = {
     "spark.sql.shuffle.partitions": "2",
     "spark.databricks.delta.snapshotPartitions": "2",
 }
+#: The smallest ``messages.max_property_name_length``: the engine's own names are up to 17.
+MIN_PROPERTY_NAME = 32
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 
 
@@ -45,6 +47,14 @@ def _positive_int(key: str, value: object) -> int:
         raise ConfigError(key, value, "expected a whole number") from None
     if number <= 0:
         raise ConfigError(key, value, "must be greater than 0")
+    return number
+
+
+def _property_name_limit(key: str, value: object) -> int:
+    # The engine's own property names (ORIGIN_MESSAGE_ID, KAFKA_PARTITION...) must fit.
+    number = _positive_int(key, value)
+    if number < MIN_PROPERTY_NAME:
+        raise ConfigError(key, value, f"must be at least {MIN_PROPERTY_NAME}")
     return number
 
 
@@ -184,7 +194,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "levels.delays": ("levels", lambda k, v: parse_levels(str(v), k)),
     "messages.max_body_bytes": ("max_body_bytes", _positive_int),
     "messages.allow_empty_body": ("allow_empty_body", _bool),
-    "messages.max_property_name_length": ("max_property_name", _positive_int),
+    "messages.max_property_name_length": ("max_property_name", _property_name_limit),
     "messages.max_delay": ("max_delay_ms", _duration),
     "stamp.interval": ("stamp_interval_ms", _duration),
     "stamp.max_files_per_batch": ("stamp_max_files", _positive_int),

@@ -50,8 +50,9 @@ ENGINE_PROPERTIES = (
 #: shorten a message's retries). The engine sets them itself when it sends messages back.
 RESERVED_PROPERTIES = frozenset((*ENGINE_PROPERTIES, PROP_DLQ_MSG_ID))
 #: What a user property name may hold (no ``=``, which ``--property NAME=VALUE`` splits on,
-#: no spaces or control characters).
-PROPERTY_NAME_PATTERN = r"^[A-Za-z0-9_.:-]+$"
+#: no spaces or control characters): the whole name, in Python (``fullmatch``) and in Spark
+#: (``rlike``, whose ``$`` would also accept a name ending in a line break).
+PROPERTY_NAME_CHARS = "[A-Za-z0-9_.:-]+"
 FAILURES_TYPE = "array<struct<group:string,attempt:int,reason:string,at:string>>"
 #: The fields a message given as a mapping may have.
 MESSAGE_FIELDS = frozenset(
@@ -191,7 +192,7 @@ def check_property_name(name: object, cfg: EngineConfig, engine: bool = False) -
             name,
             f"property name longer than messages.max_property_name_length={cfg.max_property_name}",
         )
-    if not re.match(PROPERTY_NAME_PATTERN, name):
+    if not re.fullmatch(PROPERTY_NAME_CHARS, name):
         raise InvalidMessageError(
             "properties", name, "property names may hold only A-Z a-z 0-9 _ . - :"
         )
@@ -310,7 +311,7 @@ def rejection_reason(cfg: EngineConfig) -> Column:
     )
     bad_name = F.filter(
         F.map_keys(F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))),
-        lambda k: ~k.rlike(PROPERTY_NAME_PATTERN) | (F.length(k) > cfg.max_property_name),
+        lambda k: ~k.rlike(f"^{PROPERTY_NAME_CHARS}\\z") | (F.length(k) > cfg.max_property_name),
     )
     empty_body = F.lit(False) if cfg.allow_empty_body else F.length("body") == 0
     return (

@@ -104,11 +104,19 @@ def test_cli_send_status_and_sql(
         + json.dumps({"topic": "orders", "body": "x", "properties": {"RECONSUME_TIME": "9"}})
         + "\n"
     )
+    stored = spark.read.format("delta").load(layout(cfg).commitlog).count()
     code, out, err = cli(capsys, cfg, "send", "--file", str(bad))
     assert code == 2 and out == "" and f"{bad}:3: invalid message properties=" in err
+    assert spark.read.format("delta").load(layout(cfg).commitlog).count() == stored
     bad.write_text('["not", "an", "object"]\n')
     code, _, err = cli(capsys, cfg, "send", "--file", str(bad))
     assert code == 2 and f"{bad}:1: not a JSON object" in err
+    bad.write_text(json.dumps({"topic": "orders", "body": "x", "keys": 5}) + "\n")
+    code, _, err = cli(capsys, cfg, "send", "--file", str(bad))
+    assert code == 2 and f"{bad}:1: invalid message" in err
+    bad.write_bytes(b'{"topic": "orders", "body": "\xff"}\n')
+    code, _, err = cli(capsys, cfg, "send", "--file", str(bad))
+    assert code == 2 and f"{bad}:1: not UTF-8 text" in err
     bad.write_text("\n")
     code, _, err = cli(capsys, cfg, "send", "--file", str(bad))
     assert code == 2 and "holds no message" in err

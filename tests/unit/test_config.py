@@ -35,6 +35,8 @@ def test_overrides_win_over_the_file() -> None:
         ("lakehouse.database", "my-db", "SQL identifier"),
         ("sql.register_tables", "maybe", "true or false"),
         ("delivery.pol_interval", "1s", "unknown key"),
+        ("messages.max_property_name_length", "16", "at least 32"),
+        ("messages.allow_empty_body", "perhaps", "true or false"),
     ],
 )
 def test_bad_values_fail_naming_key_and_value(key: str, value: str, needle: str) -> None:

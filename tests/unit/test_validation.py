@@ -100,6 +100,8 @@ def test_limits_on_bodies_and_property_names_come_from_config() -> None:
     assert validate(Message("orders", ""), relaxed)["body"] == b""
     with pytest.raises(InvalidMessageError, match="max_property_name_length=3"):
         validate(Message("orders", "x", properties={"abcd": "v"}), relaxed)
+    with pytest.raises(InvalidMessageError, match="A-Z a-z 0-9"):
+        validate(Message("orders", "x", properties={"region\n": "v"}), EngineConfig())
     fields = validate(
         Message("orders", "x", properties={"a.b": "v", "c-d:e_1": "w"}), EngineConfig()
     )
