@@ -305,12 +305,12 @@ def rejection_reason(cfg: EngineConfig) -> Column:
     """
     topic = F.col("topic")
     reserved = F.lower(topic).isin(*sorted(RESERVED_TOPICS))
+    properties = F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))
     bad_property = F.exists(
-        F.map_entries(F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))),
-        lambda e: (F.length(e["key"]) == 0) | e["value"].isNull(),
+        F.map_entries(properties), lambda e: (F.length(e["key"]) == 0) | e["value"].isNull()
     )
     bad_name = F.filter(
-        F.map_keys(F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))),
+        F.map_keys(properties),
         lambda k: ~k.rlike(f"^{PROPERTY_NAME_CHARS}\\z") | (F.length(k) > cfg.max_property_name),
     )
     empty_body = F.lit(False) if cfg.allow_empty_body else F.length("body") == 0
