@@ -16,6 +16,7 @@ Example:
 
 from __future__ import annotations
 
+import pyarrow as pa
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -82,12 +83,13 @@ class KafkaTopicSink:
         path, fs = hadoop_path(self.spark, f"{self.markers}/{round_:020d}-{table}")
         return bool(fs.exists(path))
 
-    def write(self, round_: int, table: str, rows: DataFrame, replayed: bool) -> None:
+    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         """Write a round's rows of one topic to Kafka, then mark the write done.
 
         Only the round in progress can be replayed, so the topic's older markers are removed.
         """
-        writer = kafka_records(rows, table).write.format("kafka")
+        frame = self.spark.createDataFrame(rows)
+        writer = kafka_records(frame, table).write.format("kafka")
         settings = {
             "kafka.bootstrap.servers": self.cfg.kafka_bootstrap,
             "kafka.acks": "all",

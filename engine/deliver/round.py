@@ -7,9 +7,12 @@ version ``V_k`` it reads. It delivers, from that snapshot, the rows with::
 
 where ``W_{k-1}``/``S_{k-1}`` come from the committed progress: rows that became due since
 the last round, plus rows stamped since then that are already due (messages stamped late
-are not lost behind an advanced watermark). Within a level, deliver times grow with store
-order, so the first part only touches the head of each queue, and Delta's data skipping
-on ``deliver_ts``/``stamp_batch`` keeps a round's reads proportional to new and due rows.
+are not lost behind an advanced watermark). :mod:`engine.deliver.due` reads them.
+
+A round runs on the driver, without a Spark job unless it has cancel or reschedule commands
+to decide: the snapshot is read and the topic tables are appended through delta-rs
+(:mod:`engine.lakehouse.arrow_delta`), in tens of milliseconds where a Spark job and a Spark
+Delta commit take about a second each on a small machine.
 
 Exactly once, across crashes and replays:
 
@@ -19,8 +22,8 @@ Exactly once, across crashes and replays:
    ``command_results`` and rescheduled rows to ``schedule`` (``txnVersion = k``), and the
    rows they remove are left out of the topic writes;
 3. each topic table gets one write per sink (:mod:`engine.deliver.sinks`); a replayed
-   round skips the writes its sinks say finished (for Delta: the table's recent history
-   holds the round's tag);
+   round skips the writes its sinks say finished (for Delta: the table's ``txn`` record, or
+   the round's tag in its recent history);
 4. then progress is committed (``status = committed``), never ahead of the delivery.
 
 After a crash between 1 and 4 the engine finds the plan and replays round ``k`` with the
@@ -42,13 +45,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
-from pyspark.storagelevel import StorageLevel
 
 from engine.core.clock import Clock, from_millis, to_micros
 from engine.core.config import EngineConfig
-from engine.core.topics import topic_table_name
 from engine.deliver.checkpoint import (
     RETAIN_ROUNDS,
     Plan,
@@ -70,12 +71,19 @@ from engine.deliver.commands import (
     targets,
     unstamped,
 )
+from engine.deliver.due import (
+    Candidates,
+    Window,
+    read_candidates,
+    removed_marks,
+    to_topic_rows,
+    topic_tables,
+)
 from engine.deliver.offset_log import OffsetLog
-from engine.deliver.scan_metrics import ScanMetrics, scan_metrics
 from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
+from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker, append
 from engine.lakehouse.layout import Layout
-from schemas import TOPIC, column_names
 
 log = logging.getLogger(__name__)
 
@@ -109,31 +117,6 @@ class RoundResult:
     files_read: int = 0
     rows_read: int = 0
     stages: Mapping[str, float] = field(default_factory=dict)
-
-
-def candidate_condition(prev: Progress, plan: Plan) -> Column:
-    """Rows a round must look at: the due window, and everything stamped since ``prev``.
-
-    The second part reads rows stamped since the last commit even if they are not due,
-    so the round learns the new ``stamp_batch`` high mark from the same scan.
-    """
-    deliver, batch = F.col("deliver_ts"), F.col("stamp_batch")
-    window = (deliver > F.lit(prev.watermark)) & (deliver <= F.lit(plan.watermark))
-    return window | (batch > F.lit(prev.stamp_batch))
-
-
-def due_condition(plan: Plan) -> Column:
-    """Among the candidates, the rows to deliver now: due by the round's watermark."""
-    return F.col("deliver_ts") <= F.lit(plan.watermark)
-
-
-def to_topic_rows(due: DataFrame, delivered_ts: datetime, round_: int) -> DataFrame:
-    """Shape due ``schedule`` rows as topic-table rows."""
-    extra = {
-        "delivered_ts": F.lit(delivered_ts).cast("timestamp"),
-        "delivery_round": F.lit(round_).cast("long"),
-    }
-    return due.select(*[extra.get(c, F.col(c)).alias(c) for c in column_names(TOPIC)])
 
 
 class Delivery:
@@ -172,7 +155,8 @@ class Delivery:
         self._last_commit = time.monotonic()
         self._stages: dict[str, float] = {}
         self._lap = 0.0
-        self._schedule = VersionTracker(spark, layout.schedule)
+        self._schedule = ArrowDelta(layout.schedule)
+        self._results = ArrowDelta(layout.command_results)
         self._commands = VersionTracker(spark, layout.commands)
         self._open_commands = True  # unknown until the first round looks
         self._sent_ids: set[str] = set()  # commands' ids known to be in commitlog
@@ -235,7 +219,7 @@ class Delivery:
             # be early. Wait until it has caught up.
             log.warning("clock %s is behind the watermark; round skipped", now.isoformat())
             skipped = Plan(prev.round, now, -1)
-            return self._result(prev.round, skipped, {}, False, False, started, ScanMetrics())
+            return self._result(prev.round, skipped, {}, False, False, started, None)
         plan = self.pending or Plan(
             round=prev.round + 1,
             watermark=now,
@@ -244,50 +228,23 @@ class Delivery:
         )
         resolution = self._resolve_commands(prev, plan)
         self._time("plan")
-        # Scanned once: the summary below builds the cache, every topic write reads it.
-        candidates = self._mark_removed(
-            self.spark.read.format("delta")
-            .option("versionAsOf", plan.schedule_version)
-            .load(self.layout.schedule)
-            .where(candidate_condition(prev, plan))
-            .withColumn("_due", due_condition(plan))
-            .withColumn("_new", F.col("stamp_batch") > F.lit(prev.stamp_batch)),
-            prev,
-            plan,
-            resolution,
+        found = read_candidates(
+            self._schedule.dataset(plan.schedule_version),
+            Window(prev.watermark, plan.watermark, prev.stamp_batch),
+            self._removed(prev, plan, resolution),
         )
-        # Only due rows need their payload (body, properties...): the cache keeps just the
-        # summary's columns of the others (a large batch stamped far ahead stays small).
-        summary_columns = {"topic", "queue_id", "stamp_batch", "deliver_ts"}
-        candidates = candidates.select(
-            *[
-                F.col(c) if c in summary_columns or c.startswith("_") else
-                F.when(F.col("_due"), F.col(c)).alias(c)
-                for c in candidates.columns
-            ]
-        ).persist(StorageLevel.MEMORY_AND_DISK)  # fmt: skip
-        try:
-            return self._deliver(prev, plan, resolution, candidates, replayed, started)
-        finally:
-            candidates.unpersist()
+        return self._deliver(prev, plan, resolution, found, replayed, started)
 
     def _deliver(
         self,
         prev: Progress,
         plan: Plan,
         resolution: Resolution | None,
-        candidates: DataFrame,
+        found: Candidates,
         replayed: bool,
         started: float,
     ) -> RoundResult:
-        grouped = candidates.groupBy("topic", "queue_id", "_due", "_new", "_removed").agg(
-            F.count(F.lit(1)).alias("n"),
-            F.max("stamp_batch").alias("max_batch"),
-            # as epoch ms: a timestamp Python cannot hold must not stop delivery
-            F.max(F.unix_millis("deliver_ts")).alias("max_deliver_ms"),
-        )
-        summary = grouped.collect()
-        scanned = scan_metrics(grouped)
+        summary = found.summary
         self._time("scan")
         high_batch = max([prev.stamp_batch, *(r["max_batch"] for r in summary)])
         due = [r for r in summary if r["_due"] and not r["_removed"]]
@@ -297,7 +254,7 @@ class Delivery:
                 self.cfg.checkpoint_flush_ms
             )
             if high_batch == prev.stamp_batch and not flush_due:
-                return self._result(prev.round, plan, {}, False, False, started, scanned)
+                return self._result(prev.round, plan, {}, False, False, started, found)
         if (due or decided) and not replayed:
             self.offsets.write(
                 plan.round, checkpoint_rows(prev, plan, {}, self.clock.now()), planned=True
@@ -306,13 +263,11 @@ class Delivery:
         if resolution is not None and decided:
             self._apply_commands(resolution, plan, high_batch)
             self._time("commands")
-        per_topic = self._write_topics(
-            candidates.where("_due AND NOT _removed"), due, plan, replayed
-        )
+        per_topic = self._write_topics(found, plan, replayed)
         self._time("topics")
         self._commit(prev, plan, summary, high_batch, resolution)
         self._time("commit")
-        return self._result(plan.round, plan, per_topic, True, replayed, started, scanned)
+        return self._result(plan.round, plan, per_topic, True, replayed, started, found)
 
     # ------------------------------------------------------------- cancel / reschedule
 
@@ -351,33 +306,19 @@ class Delivery:
         self._open_commands = resolution.waiting > 0
         return resolution
 
-    def _mark_removed(
-        self, candidates: DataFrame, prev: Progress, plan: Plan, resolution: Resolution | None
-    ) -> DataFrame:
-        """Flag (``_removed``) candidates that a cancel or reschedule took out of delivery."""
-        now_removed = resolution.removed if resolution else []
-        if not now_removed and not self._any_removed:
-            return candidates.withColumn("_removed", F.lit(False))
-        # Rows removed earlier and due at or before the last watermark were never delivered
-        # and are no longer candidates: only later ones can meet this round's candidates.
-        marks = removed_before(self.spark, self.layout, plan.round, after=prev.watermark)
-        if now_removed:
-            marks = marks.unionByName(
-                self.spark.createDataFrame(now_removed, "msg_id string, revision int")
+    def _removed(
+        self, prev: Progress, plan: Plan, resolution: Resolution | None
+    ) -> set[tuple[str, int]]:
+        """``(msg_id, revision)`` of candidates a cancel or reschedule took out of delivery."""
+        marks = {(m, int(r or 0)) for m, r in (resolution.removed if resolution else [])}
+        version = self._results.latest() if self._any_removed else -1
+        if version >= 0:
+            # Rows removed earlier and due at or before the last watermark were never
+            # delivered and are no longer candidates: only later ones can meet this round's.
+            marks |= removed_marks(
+                self._results.dataset(version), plan.round, prev.watermark, REMOVING
             )
-        marks = marks.distinct().select(
-            F.col("msg_id").alias("_rm_id"),
-            F.col("revision").alias("_rm_rev"),
-            F.lit(True).alias("_removed"),
-        )
-        match = (F.col("msg_id") == F.col("_rm_id")) & (
-            F.coalesce(F.col("revision"), F.lit(0)) == F.col("_rm_rev")
-        )
-        return (
-            candidates.join(F.broadcast(marks), match, "left")
-            .withColumn("_removed", F.coalesce(F.col("_removed"), F.lit(False)))
-            .drop("_rm_id", "_rm_rev")
-        )
+        return marks
 
     def _apply_commands(self, resolution: Resolution, plan: Plan, high_batch: int) -> None:
         """Write a round's command outcomes and rescheduled rows (idempotent per round)."""
@@ -402,34 +343,23 @@ class Delivery:
                 moved, self.layout.schedule, txn=Txn(f"delayq-reschedule-{checkpoint}", plan.round)
             )
 
-    def _write_topics(
-        self,
-        due_rows: DataFrame,
-        due: list,  # type: ignore[type-arg]
-        plan: Plan,
-        replayed: bool,
-    ) -> dict[str, int]:
+    def _write_topics(self, found: Candidates, plan: Plan, replayed: bool) -> dict[str, int]:
         # Keyed by table: topics differing only in case share one table. One write per
         # table and sink; a replayed round skips the writes its sinks say finished.
-        per_table: dict[str, int] = {}
-        for r in due:
-            name = topic_table_name(r["topic"])
-            per_table[name] = per_table.get(name, 0) + r["n"]
+        tables = topic_tables(found.deliver)
         delivered_ts = self.clock.now()
         sinks = self.sinks()
 
         def write(name: str) -> None:
-            rows = to_topic_rows(
-                due_rows.where(F.lower(F.col("topic")) == name), delivered_ts, plan.round
-            )
+            rows = to_topic_rows(tables[name], delivered_ts, plan.round)
             for sink in sinks.of(name):
                 if not (replayed and sink.written(plan.round, name)):
                     sink.write(plan.round, name, rows, replayed)
 
-        # Each write is one commit, mostly driver-side latency: overlap them.
+        # Each write is one commit, mostly file latency: overlap them.
         with ThreadPoolExecutor(max_workers=self.cfg.topic_writers) as pool:
-            list(pool.map(write, sorted(per_table)))
-        return per_table
+            list(pool.map(write, sorted(tables)))
+        return {name: rows.num_rows for name, rows in tables.items()}
 
     def _commit(
         self,
@@ -497,7 +427,7 @@ class Delivery:
         committed: bool,
         replayed: bool,
         started: float,
-        scanned: ScanMetrics,
+        found: Candidates | None,
     ) -> RoundResult:
         return RoundResult(
             round=round_,
@@ -507,8 +437,8 @@ class Delivery:
             committed=committed,
             replayed=replayed,
             seconds=time.monotonic() - started,
-            files_read=scanned.files,
-            rows_read=scanned.rows,
+            files_read=found.files if found else 0,
+            rows_read=found.rows if found else 0,
             stages=dict(self._stages),
         )
 
@@ -521,10 +451,4 @@ def _from_ms(ms: int | None) -> datetime | None:
         return None
 
 
-__all__ = [
-    "Delivery",
-    "RoundResult",
-    "candidate_condition",
-    "due_condition",
-    "to_topic_rows",
-]
+__all__ = ["Delivery", "RoundResult"]

@@ -5,9 +5,8 @@ write, then calls :meth:`TopicSink.write` once per topic table, then commits its
 round replayed after a crash has the same plan and computes exactly the same rows; for each
 table it first asks :meth:`TopicSink.written` and skips a write that finished. So a sink
 whose ``written`` never misses a finished write delivers exactly once (Delta: the commit
-carries the round's tag, and a replayed write also passes ``txnAppId``/``txnVersion``); one
-that may miss it delivers at least once (Kafka without transactions, see
-:mod:`engine.deliver.kafka_sink`).
+records the round as its ``txn`` version and carries the round's tag); one that may miss it
+delivers at least once (Kafka without transactions, see :mod:`engine.deliver.kafka_sink`).
 
 ``kafka.sinks.<topic>`` chooses per topic table: ``delta`` (the default), ``kafka`` or ``both``.
 
@@ -19,15 +18,19 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
 
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow as pa
+from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
 from engine.deliver.kafka_sink import KafkaTopicSink
-from engine.lakehouse.delta_log import Txn, append, committed_with
+from engine.lakehouse.arrow_delta import ArrowDelta
+from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.tables import ensure_topic_table
 
 #: Commits of a topic table a replayed round looks through for its own.
 HISTORY_LOOKBACK = 1000
@@ -40,7 +43,7 @@ class TopicSink(Protocol):
         """Whether round ``round_`` finished its write of ``table`` (asked on replay only)."""
         ...
 
-    def write(self, round_: int, table: str, rows: DataFrame, replayed: bool) -> None:
+    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         """Write the round's rows of ``table`` (topic-table columns) in one commit."""
         ...
 
@@ -56,17 +59,22 @@ class SinkSet(Protocol):
 class DeltaTopicSink:
     """The topic's Delta table, exactly once.
 
-    Each commit's ``userMetadata`` is ``delayq round <k> checkpoint <id>``: a round's commits
-    are the engine's last ones to each table until the round commits its progress, so the
-    recent history tells whether a write finished. Reading Delta's transaction state on every
-    write costs about 0.4 s, so only replays pass ``txnAppId``/``txnVersion``, which also
-    catches writes made by versions that relied on it.
+    Each commit records ``txnAppId = delayq-deliver-<checkpoint>`` with the round as its
+    version, and ``userMetadata = delayq round <k> checkpoint <id>``. A replayed round's write
+    finished when the table's ``txn`` version reached the round, or (for writes made before
+    the ``txn`` was recorded on every commit) when its recent history holds the tag. Commits
+    go through delta-rs; a table that does not exist yet is created by Spark first.
     """
 
-    def __init__(self, spark: SparkSession, layout: Layout, checkpoint_id: str) -> None:
+    def __init__(
+        self, spark: SparkSession, cfg: EngineConfig, layout: Layout, checkpoint_id: str
+    ) -> None:
         self.spark = spark
+        self.cfg = cfg
         self.layout = layout
         self.checkpoint_id = checkpoint_id
+        self._tables: dict[str, ArrowDelta] = {}
+        self._lock = threading.Lock()
 
     @property
     def app_id(self) -> str:
@@ -77,15 +85,26 @@ class DeltaTopicSink:
         """The ``userMetadata`` of a round's topic commits."""
         return f"delayq round {round_} checkpoint {self.checkpoint_id}"
 
-    def written(self, round_: int, table: str) -> bool:
-        """Whether the table's recent history holds the round's tag."""
-        path = self.layout.topic(table)
-        return committed_with(self.spark, path, self.tag(round_), HISTORY_LOOKBACK)
+    def _table(self, table: str) -> ArrowDelta:
+        with self._lock:
+            if table not in self._tables:
+                self._tables[table] = ArrowDelta(self.layout.topic(table))
+            return self._tables[table]
 
-    def write(self, round_: int, table: str, rows: DataFrame, replayed: bool) -> None:
-        """Append the rows in one commit tagged with the round."""
-        txn = Txn(self.app_id, round_) if replayed else None
-        append(rows, self.layout.topic(table), txn=txn, metadata=self.tag(round_))
+    def written(self, round_: int, table: str) -> bool:
+        """Whether the table's ``txn`` version or recent history shows the round's write."""
+        delta = self._table(table)
+        done = delta.txn_version(self.app_id)
+        if done is not None and done >= round_:
+            return True
+        return delta.committed_with(self.tag(round_), HISTORY_LOOKBACK)
+
+    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
+        """Append the rows in one commit that records the round."""
+        delta = self._table(table)
+        if delta.latest() < 0:
+            ensure_topic_table(self.spark, self.cfg, table)
+        delta.append(rows, txn=Txn(self.app_id, round_), metadata=self.tag(round_))
 
 
 class Sinks:
@@ -102,7 +121,7 @@ class Sinks:
         self, spark: SparkSession, cfg: EngineConfig, layout: Layout, checkpoint_id: str
     ) -> None:
         self.cfg = cfg
-        self.delta = DeltaTopicSink(spark, layout, checkpoint_id)
+        self.delta = DeltaTopicSink(spark, cfg, layout, checkpoint_id)
         self.kafka = KafkaTopicSink(spark, cfg, layout, checkpoint_id)
 
     def of(self, table: str) -> Sequence[TopicSink]:

@@ -1,4 +1,4 @@
-"""Stamping and the round cutoff as transforms on small inline DataFrames."""
+"""Stamping as a transform on small inline DataFrames, and its writer across replays."""
 
 from __future__ import annotations
 
@@ -7,13 +7,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
-from engine.deliver.checkpoint import Plan, Progress
-from engine.deliver.round import candidate_condition, due_condition
 from engine.lakehouse.tables import ensure_tables
 from engine.stamp.transform import stamp
 from engine.stamp.writer import StampWriter
@@ -61,32 +58,6 @@ def test_stamp_sets_queue_and_deliver_time_and_quarantines(spark: SparkSession) 
         "big": "body is 9 bytes, over messages.max_body_bytes=8",
         "notopic": "topic is missing",
     }
-
-
-def test_round_cutoff_picks_newly_due_and_late_stamped_rows(spark: SparkSession) -> None:
-    prev = Progress("c", round=4, watermark=T0, schedule_version=9, stamp_batch=3)
-    plan = Plan(round=5, watermark=T0 + timedelta(seconds=1), schedule_version=10)
-    rows = spark.createDataFrame(
-        [
-            ("delivered before", T0 - timedelta(seconds=1), 2),
-            ("at old watermark", T0, 3),
-            ("due in this round", T0 + timedelta(milliseconds=500), 3),
-            ("at new watermark", T0 + timedelta(seconds=1), 3),
-            ("not yet due", T0 + timedelta(seconds=2), 3),
-            ("stamped late, due long ago", T0 - timedelta(seconds=5), 4),
-            ("stamped since, not due", T0 + timedelta(seconds=5), 4),
-        ],
-        "msg_id string, deliver_ts timestamp, stamp_batch long",
-    )
-    candidates = rows.where(candidate_condition(prev, plan))
-    due = sorted(r["msg_id"] for r in candidates.where(due_condition(plan)).collect())
-    assert due == [
-        "at new watermark",
-        "due in this round",
-        "stamped late, due long ago",
-    ]
-    # the scan also sees what was stamped since, to learn the new stamp high mark
-    assert candidates.agg(F.max("stamp_batch")).first()[0] == 4  # type: ignore[index]
 
 
 def test_stamp_writer_stores_each_row_once_across_replays(

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from pyspark.sql import DataFrame, SparkSession
+import pyarrow as pa
+from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
 from engine.deliver.sinks import SinkFactory, Sinks, SinkSet, TopicSink
@@ -27,7 +28,7 @@ class _CrashingSink:
     def written(self, round_: int, table: str) -> bool:
         return self.inner.written(round_, table)
 
-    def write(self, round_: int, table: str, rows: DataFrame, replayed: bool) -> None:
+    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         chosen = self.tables is None or table in self.tables
         if chosen and not self.after:
             raise Crash(f"died while writing {table}")
