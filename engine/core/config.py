@@ -231,7 +231,7 @@ class EngineConfig:
         max_delay_ms: longest delay a timer message may ask for (``messages.max_delay``).
         stamp_interval_ms: trigger interval of the stamping stream.
         stamp_max_files: ``maxFilesPerTrigger`` of the stamping stream.
-        stamp_file_rows: most rows per ``schedule`` file; smaller files narrow the
+        stamp_file_rows: about this many rows per ``schedule`` file; smaller files narrow the
             deliver-time range each covers, so rounds skip more of a large backlog.
         poll_interval_ms: how often the delivery stage looks for due messages.
         checkpoint_flush_ms: longest time an idle delivery stage waits before

@@ -24,10 +24,21 @@ import threading
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import CommitProperties, DeltaTable, Transaction, write_deltalake
+from deltalake import (
+    CommitProperties,
+    DeltaTable,
+    PostCommitHookProperties,
+    Transaction,
+    write_deltalake,
+)
 from deltalake.exceptions import TableNotFoundError
 
 from engine.lakehouse.delta_log import Txn
+
+#: A checkpoint every this many versions, as Spark's Delta does by default (delta-rs would
+#: wait 100): Spark readers of a table delta-rs appends replay at most this many commits.
+CHECKPOINT_INTERVAL = 10
+_NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 
 
 def delta_uri(path: str) -> str:
@@ -101,15 +112,22 @@ class ArrowDelta:
         return self.snapshot(version).to_pyarrow_dataset()
 
     def append(
-        self, rows: pa.Table, *, txn: Txn | None = None, metadata: str | None = None
+        self,
+        rows: pa.Table,
+        *,
+        txn: Txn | None = None,
+        metadata: str | None = None,
+        file_rows: int = 0,
     ) -> None:
-        """Append ``rows`` in one commit, cast to the table's schema.
+        """Append ``rows`` in one commit, cast to the table's schema, in its partitions.
 
         Args:
             rows: the rows; columns the table has, in any order.
             txn: recorded with the commit, as Spark's ``txnAppId``/``txnVersion`` are (the
                 caller checks :meth:`txn_version` before writing again).
             metadata: the commit's ``userMetadata``.
+            file_rows: cut data files at about this many rows (delta-rs cuts by size: the
+                size is estimated from the rows in memory, so files may hold more).
 
         Raises:
             KeyError: a column of the table is missing from ``rows``.
@@ -124,8 +142,22 @@ class ArrowDelta:
                 custom_metadata={"userMetadata": metadata} if metadata is not None else None,
                 app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None,
             )
-            write_deltalake(table, data, mode="append", commit_properties=properties)
+            size = None
+            if file_rows and data.num_rows:
+                size = max(1 << 20, data.nbytes * file_rows // data.num_rows)
+            write_deltalake(
+                table,
+                data,
+                mode="append",
+                partition_by=table.metadata().partition_columns or None,
+                target_file_size=size,
+                commit_properties=properties,
+                post_commithook_properties=_NO_HOOKS,
+            )
             table.update_incremental()
+            if table.version() % CHECKPOINT_INTERVAL == 0:
+                table.create_checkpoint()
+                table.cleanup_metadata()  # log files past delta.logRetentionDuration (30 days)
 
     def txn_version(self, app_id: str) -> int | None:
         """The highest ``txnVersion`` recorded for ``app_id`` (``None``: none, or no table)."""

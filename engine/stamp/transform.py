@@ -20,7 +20,7 @@ from pyspark.sql import functions as F
 from engine.core.config import EngineConfig
 from engine.core.levels import LevelTable
 from engine.core.message import rejection_reason
-from schemas import COMMITLOG, column_names
+from schemas import COMMITLOG, SCHEDULE, column_names
 
 #: The queue of timer messages (an absolute deliver time instead of a level).
 TIMER_QUEUE = -1
@@ -54,6 +54,29 @@ def check(df: DataFrame, cfg: EngineConfig) -> DataFrame:
     )
 
 
+def stamped(checked: DataFrame, cfg: EngineConfig, batch_id: int, now: datetime) -> DataFrame:
+    """Every row of :func:`check`'s output with its stamp: the ``schedule`` columns and
+    ``reason`` (a refused row's stamp columns mean nothing; it goes to ``quarantine``).
+
+    Example:
+        >>> stamped(check(batch, cfg), cfg, 7, clock.now()).toArrow()  # doctest: +SKIP
+    """
+    timer = F.col("deliver_at").isNotNull()
+    level_queue = queue_of(cfg.levels, F.col("delay_level"))
+    queue = F.when(timer, F.lit(TIMER_QUEUE)).otherwise(level_queue)
+    delayed = F.timestamp_millis(F.unix_millis("store_ts") + delay_ms_of(cfg.levels, level_queue))
+    deliver = F.when(timer, F.col("deliver_at")).otherwise(delayed)
+    return checked.select(
+        *[F.col(c) for c in column_names(COMMITLOG)],
+        queue.alias("queue_id"),
+        deliver.alias("deliver_ts"),
+        F.lit(batch_id).cast("long").alias("stamp_batch"),
+        F.lit(now).alias("stamped_ts"),
+        F.lit(0).alias("revision"),
+        F.col("reason"),
+    )
+
+
 def scheduled_rows(
     checked: DataFrame, cfg: EngineConfig, batch_id: int, now: datetime
 ) -> DataFrame:
@@ -62,19 +85,8 @@ def scheduled_rows(
     Example:
         >>> scheduled_rows(check(batch, cfg), cfg, 7, clock.now())  # doctest: +SKIP
     """
-    timer = F.col("deliver_at").isNotNull()
-    level_queue = queue_of(cfg.levels, F.col("delay_level"))
-    queue = F.when(timer, F.lit(TIMER_QUEUE)).otherwise(level_queue)
-    delayed = F.timestamp_millis(F.unix_millis("store_ts") + delay_ms_of(cfg.levels, level_queue))
-    deliver = F.when(timer, F.col("deliver_at")).otherwise(delayed)
-    return checked.where(F.col("reason").isNull()).select(
-        *[F.col(c) for c in column_names(COMMITLOG)],
-        queue.alias("queue_id"),
-        deliver.alias("deliver_ts"),
-        F.lit(batch_id).cast("long").alias("stamp_batch"),
-        F.lit(now).alias("stamped_ts"),
-        F.lit(0).alias("revision"),
-    )
+    rows = stamped(checked, cfg, batch_id, now)
+    return rows.where(F.col("reason").isNull()).select(*column_names(SCHEDULE))
 
 
 def quarantined_rows(checked: DataFrame, batch_id: int, now: datetime) -> DataFrame:
