@@ -74,6 +74,19 @@ def _text(key: str, value: object) -> str:
     return text
 
 
+def _local_path(key: str, value: object) -> str:
+    text = _text(key, value)
+    scheme, sep, _ = text.partition("://")
+    if sep and scheme != "file":
+        raise ConfigError(
+            key,
+            value,
+            "must be a local folder or a file:// URI for now: object stores and HDFS need a "
+            "commit protocol shared by the engine's driver-side commits and Spark's",
+        )
+    return text
+
+
 def _identifier(key: str, value: object) -> str:
     text = str(value)
     if not _IDENT.match(text):
@@ -189,7 +202,7 @@ def _names(key: str, value: object) -> tuple[str, ...]:
 
 # key -> (attribute, parser). The defaults live on the dataclass fields below.
 _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
-    "lakehouse.path": ("lakehouse", _text),
+    "lakehouse.path": ("lakehouse", _local_path),
     "lakehouse.database": ("database", _identifier),
     "levels.delays": ("levels", lambda k, v: parse_levels(str(v), k)),
     "messages.max_body_bytes": ("max_body_bytes", _positive_int),
@@ -199,6 +212,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "stamp.interval": ("stamp_interval_ms", _duration),
     "stamp.max_files_per_batch": ("stamp_max_files", _positive_int),
     "stamp.max_rows_per_file": ("stamp_file_rows", _positive_int),
+    "stamp.max_bytes_per_batch": ("stamp_max_bytes", _positive_int),
     "delivery.poll_interval": ("poll_interval_ms", _duration),
     "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
     "delivery.progress_interval": ("progress_interval_ms", _duration),
@@ -231,6 +245,8 @@ class EngineConfig:
         max_delay_ms: longest delay a timer message may ask for (``messages.max_delay``).
         stamp_interval_ms: trigger interval of the stamping stream.
         stamp_max_files: ``maxFilesPerTrigger`` of the stamping stream.
+        stamp_max_bytes: ``maxBytesPerTrigger`` of the stamping stream (a batch is held in
+            the driver's memory while it is written).
         stamp_file_rows: about this many rows per ``schedule`` file; smaller files narrow the
             deliver-time range each covers, so rounds skip more of a large backlog.
         poll_interval_ms: how often the delivery stage looks for due messages.
@@ -270,6 +286,7 @@ class EngineConfig:
     stamp_interval_ms: int = 200
     stamp_max_files: int = 1000
     stamp_file_rows: int = 100_000
+    stamp_max_bytes: int = 256 * 1024 * 1024
     poll_interval_ms: int = 200
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000
@@ -383,7 +400,7 @@ class EngineConfig:
 
     @property
     def lakehouse_path(self) -> str:
-        """The lakehouse root as an absolute path (URIs such as ``s3a://`` are kept)."""
+        """The lakehouse root as an absolute path (``file://`` URIs are kept)."""
         if "://" in self.lakehouse:
             return self.lakehouse.rstrip("/")
         return str(Path(self.lakehouse).expanduser().resolve())

@@ -166,7 +166,11 @@ def _summary(
     )
     keys = ["topic", "queue_id", "_new", "_removed"]
     grouped = keyed.group_by(keys, use_threads=False).aggregate(
-        [("stamp_batch", "count"), ("stamp_batch", "max"), ("deliver_us", "max")]
+        [
+            ("stamp_batch", "count", pc.CountOptions(mode="all")),
+            ("stamp_batch", "max"),
+            ("deliver_us", "max"),
+        ]
     )
     return [
         {

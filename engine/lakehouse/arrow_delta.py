@@ -20,10 +20,13 @@ Example:
 
 from __future__ import annotations
 
+import io
+import logging
 import threading
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pyarrow.parquet as pq
 from deltalake import (
     CommitProperties,
     DeltaTable,
@@ -35,25 +38,33 @@ from deltalake.exceptions import TableNotFoundError
 
 from engine.lakehouse.delta_log import Txn
 
+log = logging.getLogger(__name__)
+
 #: A checkpoint every this many versions, as Spark's Delta does by default (delta-rs would
 #: wait 100): Spark readers of a table delta-rs appends replay at most this many commits.
 CHECKPOINT_INTERVAL = 10
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
+#: Spark writes timestamps as INT96, which Arrow reads as nanoseconds by default: years
+#: outside 1677-2262 would fail. Read them as microseconds, Spark's precision.
+_READ_OPTIONS = ds.ParquetReadOptions(coerce_int96_timestamp_unit="us")
+#: Rows encoded to estimate the bytes per row of a batch's files.
+_SAMPLE_ROWS = 1000
 
 
 def delta_uri(path: str) -> str:
-    """The delta-rs address of a lakehouse path (``file:`` prefixes dropped, ``s3a`` as ``s3``).
+    """The delta-rs address of a local lakehouse path (``file:`` prefixes dropped).
+
+    ``lakehouse.path`` is local (the configuration refuses other schemes): on an object store
+    delta-rs's commits and Spark's would not share a commit protocol.
 
     Example:
-        >>> delta_uri("file:///lake/schedule"), delta_uri("s3a://bucket/lake/schedule")
-        ('/lake/schedule', 's3://bucket/lake/schedule')
+        >>> delta_uri("file:///lake/schedule"), delta_uri("/lake/schedule")
+        ('/lake/schedule', '/lake/schedule')
     """
     if path.startswith("file://"):
         return path[len("file://") :]
     if path.startswith("file:"):
         return path[len("file:") :]
-    if path.startswith("s3a://"):
-        return "s3://" + path[len("s3a://") :]
     return path
 
 
@@ -93,13 +104,6 @@ class ArrowDelta:
             table = self._latest_table()
             return -1 if table is None else int(table.version())
 
-    def snapshot(self, version: int) -> DeltaTable:
-        """The table as of ``version`` (the open snapshot when it is that version)."""
-        with self._lock:
-            if self._table is not None and self._table.version() == version:
-                return self._table
-        return DeltaTable(self.uri, version=version)
-
     def dataset(self, version: int) -> ds.FileSystemDataset:
         """The files of ``version`` as an Arrow dataset; each file carries its Delta statistics,
         so a filter skips the files that cannot match.
@@ -109,7 +113,11 @@ class ArrowDelta:
             >>> parts.to_table(filter=ds.field("queue_id") == 1).num_rows  # doctest: +SKIP
             1000
         """
-        return self.snapshot(version).to_pyarrow_dataset()
+        with self._lock:
+            if self._table is not None and self._table.version() == version:
+                return self._table.to_pyarrow_dataset(parquet_read_options=_READ_OPTIONS)
+        pinned = DeltaTable(self.uri, version=version)
+        return pinned.to_pyarrow_dataset(parquet_read_options=_READ_OPTIONS)
 
     def append(
         self,
@@ -126,38 +134,45 @@ class ArrowDelta:
             txn: recorded with the commit, as Spark's ``txnAppId``/``txnVersion`` are (the
                 caller checks :meth:`txn_version` before writing again).
             metadata: the commit's ``userMetadata``.
-            file_rows: cut data files at about this many rows (delta-rs cuts by size: the
-                size is estimated from the rows in memory, so files may hold more).
+            file_rows: cut data files at about this many rows or fewer (delta-rs cuts by
+                size, estimated by encoding a sample of the rows).
 
         Raises:
             KeyError: a column of the table is missing from ``rows``.
+            ValueError: ``rows`` has a column the table does not.
         """
         with self._lock:
             table = self._latest_table()
             if table is None:
                 raise FileNotFoundError(f"no Delta table at {self.path}")
             schema = pa.schema(table.schema().to_arrow())
+            extra = sorted(set(rows.column_names) - set(schema.names))
+            if extra:
+                raise ValueError(f"{self.path} has no column {', '.join(extra)}")
             data = rows.select(schema.names).cast(schema)
+            custom: dict[str, object] = {"isBlindAppend": True}  # as Spark's appends say
+            if metadata is not None:
+                custom["userMetadata"] = metadata
             properties = CommitProperties(
-                custom_metadata={"userMetadata": metadata} if metadata is not None else None,
+                custom_metadata=custom,
                 app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None,
             )
-            size = None
-            if file_rows and data.num_rows:
-                size = max(1 << 20, data.nbytes * file_rows // data.num_rows)
             write_deltalake(
                 table,
                 data,
                 mode="append",
                 partition_by=table.metadata().partition_columns or None,
-                target_file_size=size,
+                target_file_size=_file_size(data, file_rows),
                 commit_properties=properties,
                 post_commithook_properties=_NO_HOOKS,
             )
             table.update_incremental()
             if table.version() % CHECKPOINT_INTERVAL == 0:
-                table.create_checkpoint()
-                table.cleanup_metadata()  # log files past delta.logRetentionDuration (30 days)
+                try:
+                    table.create_checkpoint()
+                    table.cleanup_metadata()  # log files past delta.logRetentionDuration
+                except Exception:  # the commit stands; a later one checkpoints again
+                    log.warning("checkpoint of %s failed", self.path, exc_info=True)
 
     def txn_version(self, app_id: str) -> int | None:
         """The highest ``txnVersion`` recorded for ``app_id`` (``None``: none, or no table)."""
@@ -172,6 +187,21 @@ class ArrowDelta:
             if table is None:
                 return False
             return any(c.get("userMetadata") == metadata for c in table.history(lookback))
+
+
+def _file_size(rows: pa.Table, file_rows: int) -> int | None:
+    """delta-rs's ``target_file_size`` for at most about ``file_rows`` rows per file.
+
+    delta-rs cuts files by bytes written; a sample encoded alone compresses worse than a
+    whole file, so the estimate errs towards smaller files (measured: 25-35% of
+    ``file_rows``), never towards files that span a wider range. None: no cut needed.
+    """
+    if not file_rows or rows.num_rows <= file_rows:
+        return None
+    sample = rows.slice(0, _SAMPLE_ROWS)
+    buffer = io.BytesIO()
+    pq.write_table(sample, buffer)
+    return max(1, buffer.tell() * file_rows // int(sample.num_rows))
 
 
 __all__ = ["ArrowDelta", "delta_uri"]

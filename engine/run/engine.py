@@ -182,6 +182,7 @@ class Engine:
         writer = (
             self.spark.readStream.format("delta")
             .option("maxFilesPerTrigger", self.cfg.stamp_max_files)
+            .option("maxBytesPerTrigger", self.cfg.stamp_max_bytes)
             .load(self.layout.commitlog)
             .writeStream.queryName(STAMP_QUERY)
             .foreachBatch(self.stamper)

@@ -37,6 +37,7 @@ def test_overrides_win_over_the_file() -> None:
         ("delivery.pol_interval", "1s", "unknown key"),
         ("messages.max_property_name_length", "16", "at least 32"),
         ("messages.allow_empty_body", "perhaps", "true or false"),
+        ("lakehouse.path", "s3a://bucket/lh", "local folder"),
     ],
 )
 def test_bad_values_fail_naming_key_and_value(key: str, value: str, needle: str) -> None:

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import json
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
 from deltalake import write_deltalake
 
 from engine.deliver.due import (
@@ -36,6 +39,7 @@ def schedule_files(path: Path, *files: list[tuple[str, datetime, int]]) -> Arrow
                     "stamp_batch": pa.array([b for _, _, b in rows], pa.int64()),
                     "revision": pa.array([None] * len(rows), pa.int32()),
                     "body": [b"x"] * len(rows),
+                    "born_ts": pa.array([None] * len(rows), TS),
                 }
             ),
             mode="append",
@@ -137,3 +141,46 @@ def test_topic_rows_have_the_topic_schema_columns(tmp_path: Path) -> None:
     assert rows.column_names == names
     assert rows["delivery_round"].to_pylist() == [7, 7]
     assert rows["delivered_ts"].to_pylist() == [T0, T0]
+
+
+def test_spark_int96_timestamps_outside_1677_2262_are_read(tmp_path: Path) -> None:
+    # Spark writes timestamps as INT96; read as nanoseconds, year 1 would not fit.
+    root = tmp_path / "schedule"
+    table = schedule_files(root, [("m", T0, 1)])
+    (name,) = table.dataset(table.latest()).files
+    rows = pq.read_table(root / name)
+    year_one = pa.array([datetime(1, 1, 1, tzinfo=UTC)], TS)
+    rows = rows.set_column(rows.schema.get_field_index("born_ts"), "born_ts", year_one)
+    pq.write_table(rows, root / name, use_deprecated_int96_timestamps=True)
+    commit = root / "_delta_log" / f"{0:020d}.json"
+    actions = [json.loads(line) for line in commit.read_text().splitlines()]
+    for action in actions:
+        if "add" in action:
+            action["add"]["size"] = (root / name).stat().st_size
+            del action["add"]["stats"]  # they say born_ts is null
+    commit.write_text("".join(json.dumps(a) + "\n" for a in actions))
+
+    found = ArrowDelta(str(root)).dataset(0).to_table()
+    assert found["born_ts"].to_pylist() == [datetime(1, 1, 1, tzinfo=UTC)]
+    assert found["deliver_ts"].to_pylist() == [T0]
+
+
+def test_append_refuses_columns_the_table_lacks_and_cuts_large_batches(tmp_path: Path) -> None:
+    table = schedule_files(tmp_path / "schedule", [("m", T0, 1)])
+    base = table.dataset(table.latest()).to_table()
+    with pytest.raises(ValueError, match="no column surprise"):
+        table.append(base.append_column("surprise", pa.array([1])))
+    n = 30_000
+    many = pa.concat_tables([base] * n)
+    many = many.set_column(0, "msg_id", pa.array([f"m{i:06d}" for i in range(n)]))
+    many = many.set_column(
+        many.schema.get_field_index("body"),
+        "body",
+        pa.array([f"body {i} ".encode() * 8 for i in range(n)]),
+    )
+    table.append(many, file_rows=10_000)
+    fragments = list(table.dataset(table.latest()).get_fragments())
+    sizes = sorted(f.count_rows() for f in fragments)
+    assert len(sizes) >= 1 + 3  # the first file, and the batch cut by an estimated size
+    assert sizes[-1] <= 10_000  # never wider than asked: file skipping stays as tight
+    assert sum(sizes) == n + 1
