@@ -290,8 +290,11 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
     from engine.lakehouse.session import build_spark
     from engine.produce.send import send_many
     from engine.run.engine import Engine
+    from engine.run.signals import StopSignals
 
+    signals = StopSignals().install()
     spark = build_spark(cfg)
+    signals.install(spark)  # Ctrl-C / SIGTERM: a clean stop, not the JVM's shutdown
     engine = Engine(spark, cfg)
     print(
         f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
@@ -521,6 +524,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except DelayQError as err:
         print(f"delayq: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("delayq: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

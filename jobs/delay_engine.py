@@ -37,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     except DelayQError as err:
         print(f"delay_engine: error: {err}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # before the engine ran (it stops cleanly itself)
+        print("delay_engine: interrupted", file=sys.stderr)
+        return 130
 
 
 if __name__ == "__main__":

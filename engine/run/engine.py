@@ -330,15 +330,15 @@ class Engine:
         Returns:
             The status when the run ended.
         """
-        self.start()
-        if when_warm is not None:
-            self.wait_until_warm()
-            when_warm()
-        started = time.monotonic()
         interval = self.cfg.progress_interval_ms / 1000
-        next_line = started
-        next_idle_check = started
         try:
+            self.start()
+            if when_warm is not None:
+                self.wait_until_warm()
+                when_warm()
+            started = time.monotonic()
+            next_line = started
+            next_idle_check = started
             while True:
                 self.check_queries()
                 now = time.monotonic()

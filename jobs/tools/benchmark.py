@@ -15,7 +15,9 @@ Workloads:
 * ``steady``: sends at stepped rates (mixed levels and timers) until the engine falls behind;
 * ``backlog``: a fixed rate while 0 .. N timers wait days ahead;
 * ``spike``: N messages due at the same instant, plus messages due one second later;
-* ``fanout``: a fixed rate spread over 1, 10, 100 topics.
+* ``fanout``: a fixed rate spread over 1, 10, 100 topics;
+* ``ahead``: the first two steady rates with timers due 10-13 s after they are sent (stamped
+  well ahead: lateness is the delivery stage's alone).
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ log = logging.getLogger("delayq.bench")
 BENCH_LEVELS = "1s 2s 3s"
 #: Timers in the steady load are due 0..this many ms after they are sent.
 TIMER_SPREAD_MS = 3000
+#: Timers in the ``ahead`` workload are due this many ms (plus the spread) after they are sent.
+AHEAD_MS = 10_000
 #: A step has fallen behind when its p99 lateness passes this, or messages are missing.
 BEHIND_P99_MS = 10_000
 
@@ -108,10 +112,17 @@ PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
 
 def load_frame(
-    spark: SparkSession, n: int, tag: str, topics: int, now: datetime, timer_share: float = 0.5
+    spark: SparkSession,
+    n: int,
+    tag: str,
+    topics: int,
+    now: datetime,
+    timer_share: float = 0.5,
+    lead_ms: int = 0,
 ) -> DataFrame:
-    """``n`` messages over ``topics`` topics: half on levels 1..3, half timers due soon."""
-    now_ms = to_millis(now)
+    """``n`` messages over ``topics`` topics: half on levels 1..3, half timers due soon (in
+    ``lead_ms`` plus 0..3 s)."""
+    now_ms = to_millis(now) + lead_ms
     timer = F.rand(seed=7) < F.lit(timer_share)
     due = F.timestamp_millis(F.lit(now_ms) + (F.rand(seed=11) * TIMER_SPREAD_MS).cast("long"))
     return spark.range(n).select(
@@ -138,10 +149,11 @@ class Producer(threading.Thread):
         seconds: float,
         tag: str,
         topics: int = 1,
+        lead_ms: int = 0,
     ) -> None:
         super().__init__(name=f"producer-{tag}", daemon=True)
         self.spark, self.cfg, self.rate, self.seconds = spark, cfg, rate, seconds
-        self.tag, self.topics = tag, topics
+        self.tag, self.topics, self.lead_ms = tag, topics, lead_ms
         self.sent = 0
         self.elapsed = 0.0
         self.send_seconds: list[float] = []
@@ -156,7 +168,15 @@ class Producer(threading.Thread):
                 t = time.monotonic()
                 due = round(self.rate * min(t - started + 1, self.seconds)) - self.sent
                 if due > 0:
-                    frame = load_frame(self.spark, due, f"{self.tag}", self.topics, clock.now())
+                    frame = load_frame(
+                        self.spark,
+                        due,
+                        self.tag,
+                        self.topics,
+                        clock.now(),
+                        timer_share=1.0 if self.lead_ms else 0.5,
+                        lead_ms=self.lead_ms,
+                    )
                     self.sent += send_df(self.spark, self.cfg, frame, clock)
                     self.send_seconds.append(time.monotonic() - t)
                 tick += 1
@@ -397,17 +417,21 @@ class Bench:
         seconds: float,
         tag: str,
         topics: int = 1,
+        lead_ms: int = 0,
     ) -> dict[str, Any]:
-        """Run a producer at ``rate`` and measure until it is all delivered."""
+        """Run a producer at ``rate`` and measure until it is all delivered.
+
+        With ``lead_ms``, every message is a timer due that much (plus 0..3 s) after it is sent.
+        """
         first_round = len(engine.stats.recent)
         first_batch = _last_stamp_batch(engine)
         self.memory.reset()
-        producer = Producer(self.spark, cfg, rate, seconds, tag, topics)
+        producer = Producer(self.spark, cfg, rate, seconds, tag, topics, lead_ms)
         producer.start()
         producer.join()
         if producer.error is not None:
             raise producer.error
-        drained = self.drain(engine, self.plan.drain_seconds)
+        drained = self.drain(engine, self.plan.drain_seconds + lead_ms / 1000)
         result: dict[str, Any] = {
             "rate_target": rate,
             "seconds": seconds,
@@ -445,6 +469,22 @@ class Bench:
                     self.say("  the engine (or the producer) fell behind: stopping the steps")
                     break
         return steps
+
+    def ahead(self) -> list[dict[str, Any]]:
+        """Timers due 10-13 s after they are sent, at the first two steady rates: stamping is
+        done well before they are due, so their lateness is the delivery stage's."""
+        runs = []
+        cfg = self.cfg("ahead")
+        with self.engine(cfg) as engine:
+            for rate in self.plan.rates[:2]:
+                self.say(f"ahead: {rate} msg/s for {self.plan.step_seconds} s, due in 10-13 s")
+                run = self.load(
+                    engine, cfg, rate, self.plan.step_seconds, f"ahead-{rate}", lead_ms=AHEAD_MS
+                )
+                run.update(lead_ms=AHEAD_MS)
+                runs.append(run)
+                self.say("  " + _brief(run))
+        return runs
 
     def backlog(self) -> list[dict[str, Any]]:
         """The same load with 0 .. N messages waiting days ahead."""
@@ -787,6 +827,7 @@ def table(results: dict[str, Any]) -> str:
     work = results["workloads"]
     rows: list[tuple[str, dict[str, Any]]] = []
     rows += [(f"steady {r['rate_target']:,}/s", r) for r in work.get("steady", [])]
+    rows += [(f"ahead {r['rate_target']:,}/s", r) for r in work.get("ahead", [])]
     rows += [(f"backlog {r['backlog']:,}", r) for r in work.get("backlog", [])]
     rows += [(f"fanout {r['topics']} topics", r) for r in work.get("fanout", [])]
     for name, r in rows:
@@ -901,6 +942,6 @@ def chart(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-WORKLOADS = ("steady", "backlog", "spike", "fanout", "wakeup", "kafka")
+WORKLOADS = ("steady", "ahead", "backlog", "spike", "fanout", "wakeup", "kafka")
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]

@@ -60,13 +60,32 @@ def test_kill_mid_run_then_restart_with_spark_submit(
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
 
 
-def test_ctrl_c_stops_cleanly(spark: SparkSession, make_cfg: Any, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("runner", "stop"),
+    [
+        ("delayq", "Ctrl-C"),  # a terminal's Ctrl-C: SIGINT to the whole process group
+        ("spark-submit", "Ctrl-C"),
+        ("spark-submit", "SIGTERM"),  # `kill <pid>` of spark-submit (the JVM) alone
+    ],
+)
+def test_ctrl_c_and_sigterm_stop_cleanly(
+    spark: SparkSession, make_cfg: Any, tmp_path: Path, runner: str, stop: str
+) -> None:
     cfg = make_cfg()
     log = tmp_path / "run.log"
-    proc = start([str(VENV_BIN / "delayq"), "run", *engine_args(cfg, "--show", "0")], log)
+    settings = engine_args(cfg, "--set", "spark.log_level=WARN")  # what users see by default
+    if runner == "delayq":
+        command = [str(VENV_BIN / "delayq"), "run", *settings]
+    else:
+        job = ["jobs/delay_engine.py", *settings]
+        command = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS), *job]
+    proc = start(command, log)
     try:
         wait_for(lambda: "delivered" in log.read_text(), 120, "a progress line")
-        proc.send_signal(signal.SIGINT)
+        if stop == "Ctrl-C":
+            os.killpg(proc.pid, signal.SIGINT)
+        else:
+            proc.send_signal(signal.SIGTERM)
         code = proc.wait(60)
     finally:
         if proc.poll() is None:
@@ -75,3 +94,8 @@ def test_ctrl_c_stops_cleanly(spark: SparkSession, make_cfg: Any, tmp_path: Path
     assert code == 0, output[-3000:]
     assert "stopping cleanly" in output
     assert "Traceback" not in output
+    java_frames = [line for line in output.splitlines() if line.startswith("\tat ")]
+    assert not java_frames, output[-3000:]
+    # after stopping, a line says what was delivered
+    after = output.split("stopping cleanly", 1)[1]
+    assert any("delivered" in line for line in after.splitlines())
