@@ -292,27 +292,33 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
     from engine.run.engine import Engine
     from engine.run.signals import StopSignals
 
-    signals = StopSignals().install()
-    spark = build_spark(cfg)
-    signals.install(spark)  # Ctrl-C / SIGTERM: a clean stop, not the JVM's shutdown
-    engine = Engine(spark, cfg)
-    print(
-        f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
-        f"({cfg.levels.source}), database {cfg.database}"
-    )
-
-    def send_demo() -> None:
-        ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
-        topics = ", ".join(DEMO_TOPICS)
+    with StopSignals() as signals:  # Ctrl-C / SIGTERM: a clean stop, not the JVM's shutdown
+        signals.install()
+        spark = build_spark(cfg)
+        signals.install(spark)
+        if signals.requested.is_set():
+            print("delayq: interrupted before the engine started", file=sys.stderr)
+            return 130
+        engine = Engine(spark, cfg)
         print(
-            f"demo: sent {len(ids)} messages to {topics} on levels 0-{DEMO_MAX_LEVEL} and 2 timers"
+            f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
+            f"({cfg.levels.source}), database {cfg.database}"
         )
 
-    final = engine.run(
-        until_idle=args.until_idle,
-        max_seconds=args.max_seconds,
-        when_warm=send_demo if args.demo else None,
-    )
+        def send_demo() -> None:
+            ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
+            topics = ", ".join(DEMO_TOPICS)
+            print(
+                f"demo: sent {len(ids)} messages to {topics} on levels 0-{DEMO_MAX_LEVEL} "
+                "and 2 timers"
+            )
+
+        final = engine.run(
+            until_idle=args.until_idle,
+            max_seconds=args.max_seconds,
+            when_warm=send_demo if args.demo else None,
+            stop=signals.requested,
+        )
     if args.show:
         show_topics(spark, cfg, args.show)
     if final.quarantined:

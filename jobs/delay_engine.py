@@ -9,8 +9,7 @@ until Ctrl-C (or, with ``--until-idle``, until nothing is pending), from the rep
 
 Options: ``--conf FILE``, ``--set key=value`` (repeatable), ``--until-idle``,
 ``--max-seconds S``, ``--demo``. ``--properties-file`` (written by ``make jars``) puts Delta
-on ``spark.jars``; on a cluster add ``--master`` and point ``lakehouse.path`` at shared
-storage.
+on ``spark.jars``. Ctrl-C or SIGTERM stops the engine cleanly (exit 0).
 """
 
 from __future__ import annotations

@@ -19,12 +19,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
 
 from engine.cli import config_from_args
 from engine.core.errors import DelayQError
 from engine.lakehouse.session import build_spark
 from engine.produce.kafka_ingest import start_ingest
+from engine.run.signals import StopSignals
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,18 +41,25 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         cfg = config_from_args(args)
-        spark = build_spark(cfg)
-        query = start_ingest(
-            spark, cfg, available_now=args.available_now, out=lambda line: print(line, flush=True)
-        )
-        topics = ", ".join(cfg.kafka_ingest_topics)
-        print(f"kafka_ingest: {cfg.kafka_bootstrap} [{topics}] -> {cfg.lakehouse_path}/commitlog")
-        try:
-            while query.isActive:
-                time.sleep(0.5)
-        except KeyboardInterrupt:
-            print("kafka_ingest: stopping")
-            query.stop()
+        with StopSignals() as signals:  # Ctrl-C / SIGTERM: stop the stream, not the JVM
+            signals.install()
+            spark = build_spark(cfg)
+            signals.install(spark)
+            query = start_ingest(
+                spark,
+                cfg,
+                available_now=args.available_now,
+                out=lambda line: print(line, flush=True),
+            )
+            topics = ", ".join(cfg.kafka_ingest_topics)
+            print(
+                f"kafka_ingest: {cfg.kafka_bootstrap} [{topics}] -> {cfg.lakehouse_path}/commitlog"
+            )
+            while query.isActive and not signals.requested.wait(0.5):
+                pass
+            if signals.requested.is_set():
+                print("kafka_ingest: stopping")
+                query.stop()
         if query.exception() is not None:
             raise DelayQError(f"ingest stream failed: {query.exception()}")
     except DelayQError as err:

@@ -38,6 +38,8 @@ LOCAL_SPARK_CONF = {
 #: The smallest ``messages.max_property_name_length``: the engine's own names are up to 17.
 MIN_PROPERTY_NAME = 32
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+#: A URI scheme (two characters or more, so that a Windows drive letter is a path).
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 
 
 def _positive_int(key: str, value: object) -> int:
@@ -75,16 +77,24 @@ def _text(key: str, value: object) -> str:
 
 
 def _local_path(key: str, value: object) -> str:
+    """A local folder; ``file:`` URIs (no host, or ``localhost``) become their path."""
     text = _text(key, value)
-    scheme, sep, _ = text.partition("://")
-    if sep and scheme != "file":
-        raise ConfigError(
-            key,
-            value,
-            "must be a local folder or a file:// URI for now: object stores and HDFS need a "
-            "commit protocol shared by the engine's driver-side commits and Spark's",
-        )
-    return text
+    scheme = _SCHEME.match(text)
+    if scheme is None:
+        return text
+    rest = text[scheme.end() :]
+    if scheme.group(1).lower() == "file":
+        if not rest.startswith("//"):
+            return rest  # file:/lake
+        host, slash, path = rest[2:].partition("/")
+        if host in ("", "localhost") and slash:
+            return "/" + path  # file:///lake, file://localhost/lake
+    raise ConfigError(
+        key,
+        value,
+        "must be a local folder or a file:/// URI for now: object stores and HDFS need a "
+        "commit protocol shared by the engine's driver-side commits and Spark's",
+    )
 
 
 def _identifier(key: str, value: object) -> str:
@@ -286,7 +296,7 @@ class EngineConfig:
     stamp_interval_ms: int = 200
     stamp_max_files: int = 1000
     stamp_file_rows: int = 100_000
-    stamp_max_bytes: int = 256 * 1024 * 1024
+    stamp_max_bytes: int = 64 * 1024 * 1024
     poll_interval_ms: int = 200
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000
@@ -309,6 +319,7 @@ class EngineConfig:
     kafka_sinks: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "lakehouse", _local_path("lakehouse.path", self.lakehouse))
         if not isinstance(self.spark_conf, MappingProxyType):
             object.__setattr__(self, "spark_conf", MappingProxyType(dict(self.spark_conf)))
         for name in ("groups", "kafka_topic_map", "kafka_sinks"):
@@ -400,9 +411,7 @@ class EngineConfig:
 
     @property
     def lakehouse_path(self) -> str:
-        """The lakehouse root as an absolute path (``file://`` URIs are kept)."""
-        if "://" in self.lakehouse:
-            return self.lakehouse.rstrip("/")
+        """The lakehouse root as an absolute local path."""
         return str(Path(self.lakehouse).expanduser().resolve())
 
 

@@ -74,6 +74,7 @@ class DeltaTopicSink:
         self.layout = layout
         self.checkpoint_id = checkpoint_id
         self._tables: dict[str, ArrowDelta] = {}
+        self._exist: set[str] = set()  # tables known to exist (created, or seen)
         self._lock = threading.Lock()
 
     @property
@@ -102,8 +103,10 @@ class DeltaTopicSink:
     def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         """Append the rows in one commit that records the round."""
         delta = self._table(table)
-        if delta.latest() < 0:
-            ensure_topic_table(self.spark, self.cfg, table)
+        if table not in self._exist:
+            if delta.latest() < 0:
+                ensure_topic_table(self.spark, self.cfg, table)
+            self._exist.add(table)
         delta.append(rows, txn=Txn(self.app_id, round_), metadata=self.tag(round_))
 
 

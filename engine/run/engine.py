@@ -269,17 +269,22 @@ class Engine:
             py4j_log.setLevel(level)
         self.queries.clear()
 
-    def wait_until_warm(self, timeout_s: float = 120.0) -> None:
+    def wait_until_warm(
+        self, timeout_s: float = 120.0, stop: threading.Event | None = None
+    ) -> None:
         """Wait until the stamping stream and the delivery stage have done a first batch each.
 
-        The first batches of a fresh JVM take several seconds.
+        The first batches of a fresh JVM take several seconds. Returns early once ``stop`` is
+        set.
         """
+        stop = stop or threading.Event()
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline and not (
             all(q.lastProgress for q in self.queries) and self.stats.rounds
         ):
             self.check_queries()
-            time.sleep(0.2)
+            if stop.wait(0.2):
+                return
 
     def check_queries(self) -> None:
         """Raise if the stream or the delivery stage has stopped with an error.
@@ -316,8 +321,9 @@ class Engine:
         until_idle: bool = False,
         max_seconds: float | None = None,
         when_warm: Callable[[], None] | None = None,
+        stop: threading.Event | None = None,
     ) -> Status:
-        """Run until stopped (Ctrl-C), or until nothing is pending with ``until_idle``.
+        """Run until stopped (``stop`` set, or Ctrl-C), or until nothing is pending.
 
         Prints a progress line every ``delivery.progress_interval``.
 
@@ -326,20 +332,26 @@ class Engine:
             max_seconds: stop after this long whatever is pending.
             when_warm: called once stamping and delivery have each done a first batch (the first
                 batches of a fresh JVM take several seconds), e.g. to send a demo set.
+            stop: stop cleanly once this is set (:class:`~engine.run.signals.StopSignals` sets
+                it on Ctrl-C or SIGTERM).
 
         Returns:
             The status when the run ended.
         """
+        stop = stop or threading.Event()
         interval = self.cfg.progress_interval_ms / 1000
+        self.start()
         try:
-            self.start()
             if when_warm is not None:
-                self.wait_until_warm()
-                when_warm()
+                self.wait_until_warm(stop=stop)
+                if not stop.is_set():
+                    when_warm()
             started = time.monotonic()
             next_line = started
             next_idle_check = started
             while True:
+                if stop.is_set():
+                    raise KeyboardInterrupt  # handled below, like a Ctrl-C without handlers
                 self.check_queries()
                 now = time.monotonic()
                 if now >= next_line:
@@ -352,7 +364,7 @@ class Engine:
                 if max_seconds is not None and now - started > max_seconds:
                     self.out(f"stopping after --max-seconds {max_seconds:g}")
                     break
-                time.sleep(min(0.5, interval))
+                stop.wait(min(0.5, interval))
         except KeyboardInterrupt:
             self.out("interrupted: stopping cleanly (finishing the delivery round in progress)")
         finally:

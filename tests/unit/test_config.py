@@ -38,6 +38,8 @@ def test_overrides_win_over_the_file() -> None:
         ("messages.max_property_name_length", "16", "at least 32"),
         ("messages.allow_empty_body", "perhaps", "true or false"),
         ("lakehouse.path", "s3a://bucket/lh", "local folder"),
+        ("lakehouse.path", "dbfs:/mnt/lh", "local folder"),
+        ("lakehouse.path", "file://otherhost/lh", "local folder"),
     ],
 )
 def test_bad_values_fail_naming_key_and_value(key: str, value: str, needle: str) -> None:
@@ -76,3 +78,10 @@ def test_spark_settings_default_to_one_machine_and_can_be_raised() -> None:
     raised = EngineConfig.from_mapping({"spark.conf.spark.sql.shuffle.partitions": "64"})
     assert raised.spark_conf["spark.sql.shuffle.partitions"] == "64"
     assert raised.spark_conf["spark.databricks.delta.snapshotPartitions"] == "2"
+
+
+def test_file_uris_are_local_paths() -> None:
+    for given in ("file:///lake/x", "file://localhost/lake/x", "file:/lake/x", "/lake/x"):
+        assert load_config(DEFAULT_CONF, {"lakehouse.path": given}).lakehouse_path == "/lake/x"
+    with pytest.raises(ConfigError, match=r"lakehouse\.path"):
+        load_config(DEFAULT_CONF).with_overrides(lakehouse="s3a://bucket/lh")

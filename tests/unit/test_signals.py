@@ -1,0 +1,44 @@
+"""Stop signals without Spark: the first asks, the second forces, the handlers come back."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    from engine.run.signals import StopSignals
+
+    with StopSignals() as signals:
+        signals.install()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert signals.requested.wait(5), "the first TERM asks for a stop"
+        print("stop requested", flush=True)
+        if sys.argv[1] == "twice":
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(5)
+            print("still running", flush=True)
+    print("handler restored:", signal.getsignal(signal.SIGTERM) == signal.SIG_DFL, flush=True)
+    """
+)
+
+
+def run(mode: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", SCRIPT, mode], capture_output=True, text=True, timeout=60
+    )
+
+
+def test_first_signal_asks_for_a_stop_and_handlers_come_back() -> None:
+    done = run("once")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["stop requested", "handler restored: True"]
+
+
+def test_a_second_signal_forces_the_stop() -> None:
+    done = run("twice")
+    assert done.returncode == -signal.SIGTERM
+    assert "still running" not in done.stdout
