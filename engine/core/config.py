@@ -296,7 +296,7 @@ class EngineConfig:
     stamp_interval_ms: int = 200
     stamp_max_files: int = 1000
     stamp_file_rows: int = 100_000
-    stamp_max_bytes: int = 64 * 1024 * 1024
+    stamp_max_bytes: int = 16 * 1024 * 1024
     poll_interval_ms: int = 200
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000

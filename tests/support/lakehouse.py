@@ -20,6 +20,9 @@ TEST_SPARK_CONF = {
     "spark.default.parallelism": "2",
     "spark.databricks.delta.snapshotPartitions": "1",
     "spark.sql.adaptive.coalescePartitions.initialPartitionNum": "2",
+    # One JVM serves the whole suite, and a stamping batch is collected to the driver as
+    # Arrow: the default 1g heap ran out in CI once the suite had grown.
+    "spark.driver.memory": "3g",
 }
 
 
