@@ -68,6 +68,12 @@ def _parser() -> argparse.ArgumentParser:
     send.add_argument("--key", action="append", default=[], help="a lookup key (repeatable)")
     send.add_argument("--tag", help="message tag")
     send.add_argument(
+        "--id",
+        metavar="MSG_ID",
+        help="the message's own id: sending again with the same id delivers it once "
+        "(within messages.dedup_window)",
+    )
+    send.add_argument(
         "--property", action="append", default=[], metavar="NAME=VALUE", help="user property"
     )
     when = send.add_mutually_exclusive_group()
@@ -83,7 +89,7 @@ def _parser() -> argparse.ArgumentParser:
         "--file",
         metavar="JSONL",
         help="send many: one JSON object per line with topic, body, keys, tags, "
-        "properties, and delay_level, deliver_at or delay ('-' reads standard input)",
+        "properties, msg_id, and delay_level, deliver_at or delay ('-' reads standard input)",
     )
 
     run = sub.add_parser("run", parents=[common], help="run the engine (Ctrl-C stops it)")
@@ -257,6 +263,7 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 "delay_level": args.level,
                 "deliver_at": args.deliver_at,
                 "delay": args.delay,
+                "msg_id": args.id,
             }
         ]
     spark = build_spark(cfg.with_overrides(register_tables=False))

@@ -24,6 +24,7 @@ from engine.deliver.checkpoint import Progress, read_checkpoint
 from engine.deliver.commands import REMOVING, RESCHEDULED
 from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.layout import layout
+from engine.stamp.dedup import DUPLICATE
 
 
 def pending(spark: SparkSession, cfg: EngineConfig, progress: Progress | None = None) -> DataFrame:
@@ -68,7 +69,8 @@ def history(
 
     Events: ``sent`` (stored in ``commitlog``), ``stamped`` (with its queue and deliver
     time; a reschedule's new row shows as ``stamped`` with its revision), ``quarantined``
-    (with the reason), what a command decided (``cancelled``, ``rescheduled``,
+    (with the reason), ``duplicate`` (a later copy of a message id already stamped: not
+    delivered again), what a command decided (``cancelled``, ``rescheduled``,
     ``already_delivered``, ...) and ``delivered`` (with the topic table).
 
     Raises:
@@ -107,7 +109,7 @@ def history(
     parts = [
         events(lay.commitlog, F.lit("sent"), "store_ts", _asked(), F.lit(0)),
         events(lay.schedule, F.lit("stamped"), "stamped_ts", _stamped(), 1 + revision),
-        events(lay.quarantine, F.lit("quarantined"), "quarantined_ts", F.col("reason"), F.lit(1)),
+        events(lay.quarantine, _refused(), "quarantined_ts", F.col("reason"), F.lit(1)),
     ]
     ids = sorted({r["msg_id"] for r in parts[0].select("msg_id").collect() if r["msg_id"]})
     by_id = F.col("msg_id").isin(ids)
@@ -125,6 +127,12 @@ def history(
     for part in parts[1:]:
         result = result.unionByName(part)
     return result.orderBy("msg_id", "at", "_seq").drop("_seq")
+
+
+def _refused() -> Column:
+    # A later copy of a message id already stamped is a duplicate, not bad input.
+    duplicate = F.col("reason").startswith(DUPLICATE)
+    return F.when(duplicate, F.lit("duplicate")).otherwise(F.lit("quarantined"))
 
 
 def _asked() -> Column:

@@ -69,6 +69,12 @@ def _duration(key: str, value: object) -> int:
     return ms
 
 
+def _duration_or_off(key: str, value: object) -> int:
+    if str(value).strip().lower() in {"0", "off"}:
+        return 0
+    return _duration(key, value)
+
+
 def _text(key: str, value: object) -> str:
     text = str(value).strip()
     if not text:
@@ -219,6 +225,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "messages.allow_empty_body": ("allow_empty_body", _bool),
     "messages.max_property_name_length": ("max_property_name", _property_name_limit),
     "messages.max_delay": ("max_delay_ms", _duration),
+    "messages.dedup_window": ("dedup_window_ms", _duration_or_off),
     "stamp.interval": ("stamp_interval_ms", _duration),
     "stamp.max_files_per_batch": ("stamp_max_files", _positive_int),
     "stamp.max_rows_per_file": ("stamp_file_rows", _positive_int),
@@ -253,6 +260,9 @@ class EngineConfig:
         allow_empty_body: accept messages whose body is empty (refused by default).
         max_property_name: longest user property name, in characters.
         max_delay_ms: longest delay a timer message may ask for (``messages.max_delay``).
+        dedup_window_ms: a message whose ``msg_id`` was stamped at most this long before is
+            a duplicate (``messages.dedup_window``; 0 turns deduplication off). At least the
+            longest level's delay.
         stamp_interval_ms: trigger interval of the stamping stream.
         stamp_max_files: ``maxFilesPerTrigger`` of the stamping stream.
         stamp_max_bytes: ``maxBytesPerTrigger`` of the stamping stream (a batch is held in
@@ -293,6 +303,7 @@ class EngineConfig:
     allow_empty_body: bool = False
     max_property_name: int = 128
     max_delay_ms: int = 30 * 86_400_000
+    dedup_window_ms: int = 2 * 3_600_000
     stamp_interval_ms: int = 200
     stamp_max_files: int = 1000
     stamp_file_rows: int = 100_000
@@ -327,6 +338,13 @@ class EngineConfig:
                 object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if self.log_level.upper() not in {"ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
             raise ConfigError("spark.log_level", self.log_level, "expected e.g. WARN or INFO")
+        longest = max(self.levels.delays_ms)
+        if 0 < self.dedup_window_ms < longest:
+            raise ConfigError(
+                "messages.dedup_window",
+                f"{self.dedup_window_ms}ms",
+                f"must be 0 (off) or at least the longest level's delay ({longest}ms)",
+            )
         self._check_kafka()
 
     def _check_kafka(self) -> None:

@@ -12,11 +12,16 @@ named as in RocketMQ where RocketMQ has one:
 | ``REAL_TOPIC``      | a topic name                      | the topic to deliver to (1)           |
 | ``KEYS``            | keys separated by spaces          | more lookup keys (RocketMQ's ``KEYS``)|
 | ``TAGS``            | a tag                             | the message tag (RocketMQ's ``TAGS``) |
+| ``UNIQ_KEY``        | the message's own id              | ``msg_id`` (2)                        |
 
 (1) Without it, ``kafka.topic_map`` names the real topic. No delay header: delivered at
-once. Other headers become properties. Delivered to Kafka (:mod:`engine.deliver.kafka_sink`),
-a message carries its properties as headers, plus ``DELAYQ_MSG_ID``, ``DELAYQ_DELIVER_TS``
-(ms) and ``TAGS``.
+once. (2) RocketMQ's client-side message id: a record sent twice with the same one (a
+producer's retry) is delivered once, within ``messages.dedup_window``; without it the id is
+made from the record's topic, partition, offset and timestamp (a replayed Kafka batch is
+stored once). Other headers become properties.
+
+Delivered to Kafka (:mod:`engine.deliver.kafka_sink`), a message carries its properties as
+headers, plus ``DELAYQ_MSG_ID``, ``DELAYQ_DELIVER_TS`` (ms) and ``TAGS``.
 
 Example:
     >>> delay_headers(topic="orders", delay_level=3)
@@ -39,6 +44,7 @@ HEADER_DELAY_MS = "TIMER_DELAY_MS"
 HEADER_REAL_TOPIC = "REAL_TOPIC"
 HEADER_KEYS = "KEYS"
 HEADER_TAGS = "TAGS"
+HEADER_UNIQ_KEY = "UNIQ_KEY"
 #: Headers the engine interprets; every other header is kept as a property.
 SPECIAL_HEADERS = (
     HEADER_LEVEL,
@@ -48,6 +54,7 @@ SPECIAL_HEADERS = (
     HEADER_REAL_TOPIC,
     HEADER_KEYS,
     HEADER_TAGS,
+    HEADER_UNIQ_KEY,
 )
 TIMING_HEADERS = (HEADER_LEVEL, HEADER_DELIVER_MS, HEADER_DELAY_SEC, HEADER_DELAY_MS)
 #: Set on messages the engine delivers to Kafka.
@@ -64,6 +71,7 @@ def delay_headers(
     keys: str | list[str] | None = None,
     tags: str | None = None,
     properties: Mapping[str, str] | None = None,
+    msg_id: str | None = None,
 ) -> list[tuple[str, bytes]]:
     """Kafka headers asking the engine to deliver a record later.
 
@@ -76,6 +84,8 @@ def delay_headers(
         keys: extra lookup keys (``KEYS``).
         tags: the tag (``TAGS``).
         properties: more headers, kept as properties.
+        msg_id: the message's own id (``UNIQ_KEY``): a record sent again with it is
+            delivered once.
 
     Raises:
         InvalidMessageError: when more than one delay is given or a value is bad.
@@ -100,6 +110,8 @@ def delay_headers(
         headers.append((HEADER_KEYS, keys if isinstance(keys, str) else " ".join(keys)))
     if tags is not None:
         headers.append((HEADER_TAGS, tags))
+    if msg_id is not None:
+        headers.append((HEADER_UNIQ_KEY, msg_id))
     for name, value in (properties or {}).items():
         headers.append((name, value))
     return [(name, value.encode("utf-8")) for name, value in headers]

@@ -53,10 +53,24 @@ RESERVED_PROPERTIES = frozenset((*ENGINE_PROPERTIES, PROP_DLQ_MSG_ID))
 #: no spaces or control characters): the whole name, in Python (``fullmatch``) and in Spark
 #: (``rlike``, whose ``$`` would also accept a name ending in a line break).
 PROPERTY_NAME_CHARS = "[A-Za-z0-9_.:-]+"
+#: A message id a producer gives (its idempotency key): these characters, 1 to 128 of them.
+MSG_ID_CHARS = PROPERTY_NAME_CHARS
+MAX_MSG_ID = 128
 FAILURES_TYPE = "array<struct<group:string,attempt:int,reason:string,at:string>>"
 #: The fields a message given as a mapping may have.
 MESSAGE_FIELDS = frozenset(
-    {"topic", "body", "keys", "tags", "properties", "delay_level", "born_ts", "deliver_at", "delay"}
+    {
+        "topic",
+        "body",
+        "keys",
+        "tags",
+        "properties",
+        "delay_level",
+        "born_ts",
+        "deliver_at",
+        "delay",
+        "msg_id",
+    }
 )
 
 
@@ -78,6 +92,10 @@ class Message:
             or now is delivered at once; millisecond precision, no rounding.
         delay: deliver this long after the message is stored: a ``timedelta`` or text such
             as ``"90s"``, ``"15m"``, ``"2d"``, ``"250ms"``.
+        msg_id: the message's id, given by the producer to make sending idempotent: a
+            message sent again with the same id (a retry after a timeout, another writer)
+            within ``messages.dedup_window`` is delivered once. 1 to 128 characters of
+            ``A-Z a-z 0-9 _ . - :``. Without it, the engine makes one (32 hex digits).
     """
 
     topic: str
@@ -89,6 +107,7 @@ class Message:
     born_ts: datetime | None = None
     deliver_at: datetime | int | str | None = None
     delay: timedelta | str | None = None
+    msg_id: str | None = None
 
 
 def resolve_deliver_at(message: Message, cfg: EngineConfig, store_ts: datetime) -> datetime | None:
@@ -218,6 +237,8 @@ def validate(
         InvalidMessageError: naming the first bad field and its value.
     """
     check_topic(message.topic)
+    if message.msg_id is not None:
+        check_msg_id(message.msg_id)
     body = message.body
     if isinstance(body, str):
         body = body.encode("utf-8")
@@ -259,6 +280,7 @@ def validate(
         raise InvalidMessageError("born_ts", born, "must be a timezone-aware datetime")
     deliver_at = resolve_deliver_at(message, cfg, store_ts or SystemClock().now())
     return {
+        "msg_id": message.msg_id,
         "deliver_at": deliver_at,
         "topic": message.topic,
         "keys": keys,
@@ -268,6 +290,28 @@ def validate(
         "delay_level": level,
         "born_ts": born,
     }
+
+
+def check_msg_id(msg_id: object) -> None:
+    """Refuse a producer's message id that is not 1-128 characters of ``A-Z a-z 0-9 _ . - :``.
+
+    Raises:
+        InvalidMessageError: naming ``msg_id`` and the value.
+
+    Example:
+        >>> check_msg_id("order-1:paid")
+        >>> try:
+        ...     check_msg_id("a b")
+        ... except InvalidMessageError as err:
+        ...     print(err.field, err.value)
+        msg_id a b
+    """
+    if not isinstance(msg_id, str) or not msg_id:
+        raise InvalidMessageError("msg_id", msg_id, "must be a non-empty string")
+    if len(msg_id) > MAX_MSG_ID:
+        raise InvalidMessageError("msg_id", msg_id, f"longer than {MAX_MSG_ID} characters")
+    if not re.fullmatch(MSG_ID_CHARS, msg_id):
+        raise InvalidMessageError("msg_id", msg_id, "may hold only A-Z a-z 0-9 _ . - :")
 
 
 def new_msg_id() -> str:
@@ -316,6 +360,14 @@ def rejection_reason(cfg: EngineConfig) -> Column:
     empty_body = F.lit(False) if cfg.allow_empty_body else F.length("body") == 0
     return (
         F.when(F.col("msg_id").isNull(), F.lit("msg_id is missing"))
+        .when(
+            ~F.col("msg_id").rlike(f"^{MSG_ID_CHARS}\\z") | (F.length("msg_id") > MAX_MSG_ID),
+            F.concat(
+                F.lit("msg_id '"),
+                F.col("msg_id"),
+                F.lit(f"' is not 1 to {MAX_MSG_ID} characters of A-Z a-z 0-9 _ . - :"),
+            ),
+        )
         .when(topic.isNull() | (topic == ""), F.lit("topic is missing"))
         .when(
             ~topic.rlike(TOPIC_PATTERN),

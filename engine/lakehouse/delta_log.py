@@ -96,14 +96,6 @@ def table_id(spark: SparkSession, path: str) -> str:
     return str(row[0]) if row else ""
 
 
-def committed_with(spark: SparkSession, path: str, metadata: str, lookback: int) -> bool:
-    """Whether one of the table's last ``lookback`` commits carries ``userMetadata``."""
-    if not DeltaTable.isDeltaTable(spark, path):
-        return False
-    recent = DeltaTable.forPath(spark, path).history(lookback).select("userMetadata")
-    return any(r["userMetadata"] == metadata for r in recent.collect())
-
-
 class VersionTracker:
     """Follows the latest version of a Delta table cheaply.
 

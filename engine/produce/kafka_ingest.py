@@ -3,8 +3,10 @@
 A streaming query reads ``kafka.ingest_topics`` (Spark's Kafka source, headers included) and,
 per micro-batch, appends the records to ``commitlog`` and those with bad headers to
 ``quarantine`` with the reason. Both appends carry Delta's ``txnAppId``/``txnVersion`` (the
-batch id), and a record's ``msg_id`` is derived from its Kafka topic, partition and offset:
-a batch replayed after a crash or restart is not stored twice. Header names are in
+batch id), and a record's ``msg_id`` is its ``UNIQ_KEY`` header or else derived from its Kafka
+topic, partition and offset: a batch replayed after a crash or restart is not stored twice,
+and a record sent twice with the same ``UNIQ_KEY`` is delivered once (stamping drops the
+second copy, see :mod:`engine.stamp.dedup`). Header names are in
 :mod:`engine.core.kafka_headers`.
 
 Example:
@@ -33,6 +35,7 @@ from engine.core.kafka_headers import (
     HEADER_MSG_ID,
     HEADER_REAL_TOPIC,
     HEADER_TAGS,
+    HEADER_UNIQ_KEY,
     SPECIAL_HEADERS,
     TIMING_HEADERS,
 )
@@ -176,7 +179,8 @@ def parse_records(records: DataFrame, cfg: EngineConfig, now: datetime) -> DataF
     )  # fmt: skip
     # The record's timestamp too: a topic deleted and made again reuses offsets.
     where = [F.col(c).cast("string") for c in ("topic", "partition", "offset")]
-    msg_id = F.upper(F.md5(F.concat_ws(":", *where, F.unix_micros("timestamp")).cast("binary")))
+    made = F.upper(F.md5(F.concat_ws(":", *where, F.unix_micros("timestamp")).cast("binary")))
+    msg_id = F.coalesce(header(HEADER_UNIQ_KEY), made)  # the producer's own id, if it gave one
     message = {
         "msg_id": msg_id,
         "topic": F.coalesce(real_topic, F.col("topic")),

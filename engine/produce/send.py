@@ -57,7 +57,8 @@ def send_many(
         engine: the engine itself sends them (its own property names are allowed).
 
     Returns:
-        The message ids, in input order.
+        The message ids, in input order: the ones given (``Message.msg_id``), or made here.
+        Sending a message again with the id returned makes the retry idempotent.
 
     Raises:
         InvalidMessageError: when any message is bad; nothing is written then.
@@ -70,7 +71,7 @@ def send_many(
         fields.append(validate(message, cfg, store_ts, engine))
     if not fields:
         return []
-    ids = [new_msg_id() for _ in fields]
+    ids = [f["msg_id"] or new_msg_id() for f in fields]
     lay = ensure_tables(spark, cfg, migrate=False)
     rows = [
         {**f, "msg_id": msg_id, "born_ts": f["born_ts"] or store_ts, "store_ts": store_ts}
@@ -95,11 +96,14 @@ def send(
     delay_level: int | None = None,
     deliver_at: datetime | int | str | None = None,
     delay: timedelta | str | None = None,
+    msg_id: str | None = None,
     clock: Clock | None = None,
 ) -> str:
     """Send one message and return its id.
 
     Give at most one of ``delay_level``, ``deliver_at`` and ``delay`` (see :class:`Message`).
+    Give ``msg_id`` to make the send idempotent: sent again with the same id (a retry after
+    a timeout), the message is still delivered once (within ``messages.dedup_window``).
 
     Example:
         >>> send(spark, cfg, "orders", "paid", delay_level=2)  # doctest: +SKIP
@@ -107,9 +111,19 @@ def send(
         >>> send(spark, cfg, "orders", "remind", delay="15m")  # doctest: +SKIP
         >>> at = "2026-12-01T09:00:00+01:00"
         >>> send(spark, cfg, "orders", "close", deliver_at=at)  # doctest: +SKIP
+        >>> send(spark, cfg, "orders", "paid", msg_id="order-1:paid")  # doctest: +SKIP
+        'order-1:paid'
     """
     message = Message(
-        topic, body, keys, tags, properties, delay_level, deliver_at=deliver_at, delay=delay
+        topic,
+        body,
+        keys,
+        tags,
+        properties,
+        delay_level,
+        deliver_at=deliver_at,
+        delay=delay,
+        msg_id=msg_id,
     )
     return send_many(spark, cfg, [message], clock)[0]
 
@@ -120,9 +134,9 @@ def send_df(
     """Append every row of ``df`` to ``commitlog`` and return how many were sent.
 
     ``df`` needs ``topic`` and ``body`` (string or binary) and may have ``keys``,
-    ``tags``, ``properties``, ``delay_level``, ``born_ts`` and ``deliver_at`` (a timestamp).
-    Ids are generated;
-    find them in ``commitlog`` (or the topic) by key.
+    ``tags``, ``properties``, ``delay_level``, ``born_ts``, ``deliver_at`` (a timestamp) and
+    ``msg_id`` (the producer's own id, which makes the send idempotent). Rows without an id
+    get one; find them in ``commitlog`` (or the topic) by key.
 
     Raises:
         InvalidMessageError: when a row is bad (the first one is shown); nothing is written.
@@ -139,7 +153,8 @@ def send_df(
 
     def column(name: str) -> Column:
         if name == "msg_id":
-            return F.expr("upper(replace(uuid(), '-', ''))")
+            made = F.expr("upper(replace(uuid(), '-', ''))")
+            return F.coalesce(F.col(name), made) if name in present else made
         if name == "store_ts":
             return F.lit(store_ts)
         if name == "born_ts":

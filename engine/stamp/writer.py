@@ -17,6 +17,10 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from datetime import datetime, timedelta
+
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame, SparkSession
@@ -26,10 +30,13 @@ from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import Layout
+from engine.stamp.dedup import SeenIds, duplicate_reasons
 from engine.stamp.transform import check, stamped
 from schemas import QUARANTINE, SCHEDULE, column_names
 
 STAMP_APP_ID = "delayq-stamp"
+#: A column of the collected batch (not stored): the 64-bit hash of ``msg_id``.
+ID_HASH = "_id_hash"
 
 
 class StampWriter:
@@ -49,22 +56,96 @@ class StampWriter:
             layout.quarantine: ArrowDelta(layout.quarantine),
         }
         self._written: dict[str, int] = {}  # table path -> highest stamp_batch it holds
+        self._seen: SeenIds | None = None  # ids stamped in the dedup window, read when needed
 
     def __call__(self, batch: DataFrame, batch_id: int) -> None:
         """Stamp one micro-batch; safe to call again with the same ``batch_id``."""
+        try:
+            self._stamp(batch, batch_id)
+        except BaseException:
+            # A retried batch must decide duplicates as the first try did: rebuild the ids
+            # from `schedule` (batches before this one) instead of trusting the memory.
+            self._seen = None
+            raise
+
+    def _stamp(self, batch: DataFrame, batch_id: int) -> None:
         spark = batch.sparkSession
         now = self.clock.now()
-        rows = stamped(check(batch, self.cfg), self.cfg, batch_id, now).toArrow()
+        stamped_rows = stamped(check(batch, self.cfg), self.cfg, batch_id, now)
+        dedup = self.cfg.dedup_window_ms > 0
+        if dedup:
+            stamped_rows = stamped_rows.withColumn(ID_HASH, F.xxhash64("msg_id"))
+        rows = stamped_rows.toArrow()
+        if dedup:
+            rows = self._mark_duplicates(spark, rows, batch_id)
         refused = pc.is_valid(rows["reason"])
-        scheduled = rows.filter(pc.invert(refused)).select(column_names(SCHEDULE))
+        scheduled = rows.filter(pc.invert(refused))
         # One sorted run per queue: each file then spans a narrow deliver_ts range, which
         # the rounds' file skipping exploits.
         scheduled = scheduled.sort_by([("queue_id", "ascending"), ("deliver_ts", "ascending")])
-        self._append(spark, scheduled, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
+        self._append(
+            spark,
+            scheduled.select(column_names(SCHEDULE)),
+            self.layout.schedule,
+            batch_id,
+            self.cfg.stamp_file_rows,
+        )
+        if dedup and self._seen is not None and scheduled.num_rows:
+            self._seen.add(scheduled[ID_HASH].to_numpy(), pc.max(scheduled["store_ts"]).as_py())
         refused_rows = rows.filter(refused)
         quarantined = refused_rows.append_column("quarantined_ts", refused_rows["stamped_ts"])
         self._append(
             spark, quarantined.select(column_names(QUARANTINE)), self.layout.quarantine, batch_id
+        )
+
+    def _mark_duplicates(self, spark: SparkSession, rows: pa.Table, batch_id: int) -> pa.Table:
+        """``rows`` with each later copy of an already stamped ``msg_id`` refused as a duplicate."""
+        valid = pc.is_null(rows["reason"])
+        candidates = rows.filter(valid)
+        if candidates.num_rows == 0:
+            return rows
+        window = timedelta(milliseconds=self.cfg.dedup_window_ms)
+        # Copies stored before this can make no row of the batch a duplicate.
+        oldest = pc.min(candidates["store_ts"]).as_py() - window
+        if self._seen is None:
+            self._seen = seen_ids(spark, self.layout.schedule, batch_id, oldest)
+        self._seen.expire(oldest)
+        reasons = duplicate_reasons(
+            candidates,
+            candidates[ID_HASH].to_numpy(),
+            self._seen,
+            lambda ids: self._last_stored(ids, batch_id),
+            window,
+        )
+        if reasons.null_count == len(reasons):
+            return rows
+        # Put each candidate's reason back at its row (refused rows keep their own).
+        positions = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
+        merged = np.array(rows["reason"].to_pylist(), dtype=object)
+        merged[positions] = reasons.to_numpy(zero_copy_only=False)
+        index = rows.column_names.index("reason")
+        return rows.set_column(index, "reason", pa.array(merged.tolist(), pa.string()))
+
+    def _last_stored(self, ids: Sequence[str], batch_id: int) -> dict[str, datetime]:
+        """The store time of each id's latest copy stamped by an earlier batch (left out:
+        none)."""
+        table = self._tables[self.layout.schedule]
+        version = table.latest()
+        if version < 0:
+            return {}
+        found = (
+            table.dataset(version)
+            .to_table(
+                columns=["msg_id", "store_ts"],
+                filter=pc.field("msg_id").isin(list(ids))
+                & (pc.field("stamp_batch") < batch_id)
+                & (pc.field("revision").is_null() | (pc.field("revision") == 0)),
+            )
+            .group_by("msg_id")
+            .aggregate([("store_ts", "max")])
+        )
+        return dict(
+            zip(found["msg_id"].to_pylist(), found["store_ts_max"].to_pylist(), strict=True)
         )
 
     def _holds(self, spark: SparkSession, path: str, batch_id: int) -> bool:
@@ -87,6 +168,31 @@ class StampWriter:
             self._written.pop(path, None)
             raise
         self._written[path] = batch_id
+
+
+def seen_ids(spark: SparkSession, schedule: str, batch_id: int, since: datetime) -> SeenIds:
+    """The ids stamped by batches before ``batch_id`` and stored at ``since`` or later.
+
+    Example:
+        >>> since = clock.now() - timedelta(hours=2)
+        >>> len(seen_ids(spark, lay.schedule, 12, since))  # doctest: +SKIP
+        4200
+    """
+    seen = SeenIds()
+    rows = (
+        spark.read.format("delta")
+        .load(schedule)
+        .where(
+            (F.col("stamp_batch") < batch_id)
+            & (F.col("store_ts") >= F.lit(since))
+            & (F.coalesce(F.col("revision"), F.lit(0)) == 0)
+        )
+        .select(F.xxhash64("msg_id").alias(ID_HASH), "store_ts")
+        .toArrow()
+    )
+    if rows.num_rows:
+        seen.add(rows[ID_HASH].to_numpy(), pc.max(rows["store_ts"]).as_py())
+    return seen
 
 
 def highest_batch(spark: SparkSession, path: str) -> int:

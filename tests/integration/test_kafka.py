@@ -57,12 +57,17 @@ def test_ingest_reads_every_header_form_and_quarantines_bad_headers(
         (None, b"bad level", h(DELAY="soon")),
         (None, b"two", h(DELAY="1", TIMER_DELAY_SEC="3")),
         (None, b"negative", h(TIMER_DELAY_SEC="-1")),
+        # A producer's retry: the same UNIQ_KEY twice is delivered once.
+        (None, b"dup1", h(UNIQ_KEY="order-7", REAL_TOPIC="orders")),
+        (None, b"dup2", h(UNIQ_KEY="order-7", REAL_TOPIC="orders")),
     ])  # fmt: skip
     produce(kafka, unmapped, [(None, b"nowhere", h(DELAY="1"))])
     ingest(spark, cfg, clock)
 
     stored = {r["body"].decode(): r for r in rows(spark, layout(cfg).commitlog)}
-    assert sorted(stored) == ["at", "level", "ms", "now", "sec"]
+    assert sorted(stored) == ["at", "dup1", "dup2", "level", "ms", "now", "sec"]
+    assert stored["dup1"]["msg_id"] == stored["dup2"]["msg_id"] == "order-7"
+    assert "UNIQ_KEY" not in stored["dup1"]["properties"]
     level = stored["level"]
     assert (level["topic"], level["delay_level"], level["at_ms"]) == ("orders", 2, None)
     assert level["keys"] == ["k1", "a", "b"] and level["tags"] == "t"
@@ -89,7 +94,9 @@ def test_ingest_reads_every_header_form_and_quarantines_bad_headers(
     engine.step()  # level 2 (2 s) and the 1.5 s timer are due, the 3 s and 5 s ones not
     delivered = {r["body"].decode() for t in list_topics(spark, cfg)
                  for r in rows(spark, layout(cfg).topic(t))}  # fmt: skip
-    assert delivered == {"now", "level", "ms"}
+    assert delivered == {"now", "level", "ms", "dup1"}
+    refused = {r["body"].decode(): r["reason"] for r in rows(spark, layout(cfg).quarantine)}
+    assert refused["dup2"].startswith("duplicate: msg_id order-7 was already stored at")
 
 
 def test_ingest_restart_and_replayed_batch_store_nothing_twice(

@@ -14,6 +14,7 @@ from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from engine.control.inspect import history
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError
@@ -73,6 +74,36 @@ def test_send_dataframe(spark: SparkSession, cfg: EngineConfig, clock: FakeClock
     with pytest.raises(InvalidMessageError, match="body is missing"):
         send_df(spark, cfg, bad, clock)
     assert commitlog(spark, cfg).count() == 2
+
+
+def test_the_same_msg_id_from_every_path_is_delivered_once(
+    spark: SparkSession, cfg: EngineConfig, capsys: pytest.CaptureFixture[str]
+) -> None:
+    key = "order-1:paid"
+    assert send(spark, cfg, "orders", "first", msg_id=key) == key
+    assert send(spark, cfg, "orders", "retry", msg_id=key) == key  # a retry after a timeout
+    code, out, _ = cli(capsys, cfg, "send", "--topic", "orders", "--body", "cli", "--id", key)
+    assert code == 0 and out.strip() == key
+    df = spark.createDataFrame(
+        [(key, "orders", "df"), (None, "orders", "fresh")],
+        "msg_id string, topic string, body string",
+    )
+    assert send_df(spark, cfg, df) == 2
+    spark.sql(
+        f"INSERT INTO delta.`{layout(cfg).commitlog}` (msg_id, topic, body, store_ts) "
+        f"VALUES ('{key}', 'orders', CAST('raw' AS BINARY), current_timestamp())"
+    )
+    code, _, err = cli(capsys, cfg, "send", "--topic", "orders", "--body", "x", "--id", "a b")
+    assert code == 2 and "invalid message msg_id='a b'" in err
+
+    Engine(spark, cfg, out=lambda _: None).step()
+    delivered = spark.read.format("delta").load(layout(cfg).topic("orders")).collect()
+    assert sorted(bytes(r["body"]).decode() for r in delivered) == ["first", "fresh"]
+    assert [r["msg_id"] for r in delivered].count(key) == 1
+    events = [r["event"] for r in history(spark, cfg, msg_id=key).collect()]
+    assert sorted(events) == ["delivered", *["duplicate"] * 4, *["sent"] * 5, "stamped"]
+    code, out, _ = cli(capsys, cfg, "history", "--id", key)
+    assert code == 0 and len(re.findall(r"\|duplicate *\|", out)) == 4, out
 
 
 def test_cli_send_status_and_sql(

@@ -22,11 +22,24 @@ CFG = EngineConfig(levels=parse_levels("1s 2s 3s"), max_body_bytes=8)
 
 
 def commitlog_rows(
-    spark: SparkSession, rows: list[tuple[str, str | None, bytes | None, int | None]]
+    spark: SparkSession,
+    rows: list[tuple[str, str | None, bytes | None, int | None]],
+    store_ts: datetime = T0,
 ):  # type: ignore[no-untyped-def]
     return spark.createDataFrame(
-        [(m, t, [], None, {}, b, lvl, T0, T0, None) for m, t, b, lvl in rows], COMMITLOG
+        [(m, t, [], None, {}, b, lvl, store_ts, store_ts, None) for m, t, b, lvl in rows],
+        COMMITLOG,
     )
+
+
+def stored(spark: SparkSession, path: str) -> list[tuple[str, int]]:
+    rows = spark.read.format("delta").load(path).select("msg_id", "stamp_batch").collect()
+    return sorted((r["msg_id"], r["stamp_batch"]) for r in rows)
+
+
+def reasons(spark: SparkSession, path: str) -> list[tuple[str, str]]:
+    rows = spark.read.format("delta").load(path).select("msg_id", "reason").collect()
+    return sorted((r["msg_id"], r["reason"]) for r in rows)
 
 
 def test_stamp_sets_queue_and_deliver_time_and_quarantines(spark: SparkSession) -> None:
@@ -71,14 +84,78 @@ def test_stamp_writer_stores_each_row_once_across_replays(
     StampWriter(cfg, lay, clock)(batch, 0)
     StampWriter(cfg, lay, clock)(batch, 0)  # Spark replays the batch after a crash
     # A crash between the two appends of batch 1: schedule has it, quarantine not yet.
-    StampWriter(cfg, lay, clock)(commitlog_rows(spark, valid), 1)
-    StampWriter(cfg, lay, clock)(batch, 1)
+    more = [("ok3", "orders", b"a", 1), ("ok4", "audit", b"b", None)]
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, more), 1)
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [*more, ("late", None, b"c", 1)]), 1)
     # A batch of refused rows only.
     StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("bad", None, b"d", 2)]), 2)
 
-    def stored(path: str) -> list[tuple[str, int]]:
-        rows = spark.read.format("delta").load(path).select("msg_id", "stamp_batch").collect()
-        return sorted((r["msg_id"], r["stamp_batch"]) for r in rows)
+    assert stored(spark, lay.schedule) == [("ok1", 0), ("ok2", 0), ("ok3", 1), ("ok4", 1)]
+    assert stored(spark, lay.quarantine) == [("bad", 2), ("late", 1), ("notopic", 0)]
 
-    assert stored(lay.schedule) == [("ok1", 0), ("ok1", 1), ("ok2", 0), ("ok2", 1)]
-    assert stored(lay.quarantine) == [("bad", 2), ("notopic", 0), ("notopic", 1)]
+
+def test_a_message_id_is_stamped_once_and_later_copies_are_duplicates(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    lay = ensure_tables(spark, cfg)
+    clock = FakeClock(T0)
+    later = T0 + timedelta(seconds=5)
+    first = commitlog_rows(spark, [("A", "orders", b"1", 1), ("B", "orders", b"b", 1)])
+    # The same id twice in one batch (two writers): the earlier store time is kept.
+    same_batch = first.unionByName(commitlog_rows(spark, [("A", "audit", b"2", 2)], later))
+    writer = StampWriter(cfg, lay, clock)
+    writer(same_batch, 0)
+    writer(commitlog_rows(spark, [("A", "orders", b"3", 1), ("C", "orders", b"c", 1)], later), 1)
+    # A restarted engine still knows the ids stamped before it started.
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("B", "x", b"4", 1)], later), 2)
+
+    assert stored(spark, lay.schedule) == [("A", 0), ("B", 0), ("C", 1)]
+    body = spark.read.format("delta").load(lay.schedule).where("msg_id = 'A'").first()
+    assert body is not None and body["body"] == b"1" and body["topic"] == "orders"
+    first_stored = "was already stored at 2026-01-01 12:00:00.000 UTC"
+    assert reasons(spark, lay.quarantine) == [
+        ("A", f"duplicate: msg_id A {first_stored}"),
+        ("A", f"duplicate: msg_id A {first_stored}"),
+        ("B", f"duplicate: msg_id B {first_stored}"),
+    ]
+
+
+def test_a_replayed_batch_decides_its_duplicates_the_same_way(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    lay = ensure_tables(spark, cfg)
+    clock = FakeClock(T0)
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
+    batch = commitlog_rows(spark, [("A", "orders", b"2", 1), ("D", "orders", b"d", 1)])
+    # The first try of batch 1 reached `schedule` and then crashed before `quarantine`.
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("D", "orders", b"d", 1)]), 1)
+    StampWriter(cfg, lay, clock)(batch, 1)  # the replay: D is not a duplicate of itself
+    StampWriter(cfg, lay, clock)(batch, 1)
+
+    assert stored(spark, lay.schedule) == [("A", 0), ("D", 1)]
+    assert stored(spark, lay.quarantine) == [("A", 1)]
+
+
+def test_ids_older_than_the_dedup_window_are_stamped_again(
+    spark: SparkSession, make_cfg: object
+) -> None:
+    cfg = make_cfg(dedup_window_ms=3_000)  # type: ignore[operator]
+    lay = ensure_tables(spark, cfg)
+    clock = FakeClock(T0)
+    writer = StampWriter(cfg, lay, clock)
+    writer(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
+    clock.advance(seconds=10)
+    later = T0 + timedelta(seconds=10)
+    writer(commitlog_rows(spark, [("A", "orders", b"2", 1), ("B", "orders", b"b", 1)], later), 1)
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("A", "orders", b"3", 1)], later), 2)
+
+    assert stored(spark, lay.schedule) == [("A", 0), ("A", 1), ("B", 1)]
+    assert stored(spark, lay.quarantine) == [("A", 2)]
+
+
+def test_dedup_off_stamps_every_copy(spark: SparkSession, make_cfg: object) -> None:
+    cfg = make_cfg(dedup_window_ms=0)  # type: ignore[operator]
+    lay = ensure_tables(spark, cfg)
+    rows = [("A", "orders", b"1", 1), ("A", "orders", b"2", 1)]
+    StampWriter(cfg, lay, FakeClock(T0))(commitlog_rows(spark, rows), 0)
+    assert stored(spark, lay.schedule) == [("A", 0), ("A", 0)]

@@ -25,6 +25,13 @@ def test_overrides_win_over_the_file() -> None:
     assert cfg.poll_interval_ms == 1_000
 
 
+def test_dedup_window_defaults_to_the_longest_level_and_can_be_off() -> None:
+    assert load_config(DEFAULT_CONF).dedup_window_ms == 2 * 3_600_000
+    assert load_config(DEFAULT_CONF, {"messages.dedup_window": "0"}).dedup_window_ms == 0
+    short = {"levels.delays": "1s 2s 3s", "messages.dedup_window": "3s"}
+    assert load_config(DEFAULT_CONF, short).dedup_window_ms == 3_000
+
+
 @pytest.mark.parametrize(
     ("key", "value", "needle"),
     [
@@ -40,6 +47,8 @@ def test_overrides_win_over_the_file() -> None:
         ("lakehouse.path", "s3a://bucket/lh", "local folder"),
         ("lakehouse.path", "dbfs:/mnt/lh", "local folder"),
         ("lakehouse.path", "file://otherhost/lh", "local folder"),
+        ("messages.dedup_window", "1h", "at least the longest level"),
+        ("messages.dedup_window", "soon", "soon"),
     ],
 )
 def test_bad_values_fail_naming_key_and_value(key: str, value: str, needle: str) -> None:

@@ -34,6 +34,9 @@ CFG = EngineConfig(max_body_bytes=10)
         (Message("orders", "x", properties={"a=b": "v"}), "properties", "A-Z a-z 0-9"),
         (Message("orders", "x", properties={"a b": "v"}), "properties", "A-Z a-z 0-9"),
         (Message("orders", "x", properties={"k" * 129: "v"}), "properties", "length=128"),
+        (Message("orders", "x", msg_id=""), "msg_id", "non-empty"),
+        (Message("orders", "x", msg_id="a b"), "msg_id", "A-Z a-z 0-9"),
+        (Message("orders", "x", msg_id="i" * 129), "msg_id", "128 characters"),
     ],
 )
 def test_bad_messages_are_refused(message: Message, field: str, needle: str) -> None:
