@@ -15,10 +15,18 @@ Example:
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 from typing import Any
 
-from delta.exceptions import ConcurrentTransactionException
+from delta.exceptions import (
+    ConcurrentAppendException,
+    ConcurrentTransactionException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
 from delta.tables import DeltaTable
 from pyspark.sql import DataFrame, SparkSession
 
@@ -45,6 +53,19 @@ class Txn:
 
     app_id: str
     version: int
+
+
+#: What Delta raises when another writer changed the table first and nothing was
+#: committed (caught by type). A lost ``txnAppId`` race is not one: see :func:`is_txn_race`.
+CONCURRENT_CHANGES = (
+    ConcurrentAppendException,
+    ConcurrentWriteException,
+    DeltaConcurrentModificationException,
+    MetadataChangedException,
+    ProtocolChangedException,
+)
+#: Tries of an append that keeps losing races to other writers.
+WRITE_ATTEMPTS = 5
 
 
 def append(
@@ -75,13 +96,29 @@ def append(
         writer = writer.option("userMetadata", metadata)
     if max_records_per_file:
         writer = writer.option("maxRecordsPerFile", max_records_per_file)
-    writer.save(path)
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            writer.save(path)
+            return
+        except CONCURRENT_CHANGES:
+            # Nothing was committed: another process changed the table first (it created or
+            # upgraded it while this append was under way). The same append again is safe.
+            if attempt == WRITE_ATTEMPTS:
+                raise
+            time.sleep(0.2 * attempt)
 
 
 def table_exists(spark: SparkSession, path: str) -> bool:
-    """Whether a Delta table has been made at ``path`` (a file probe, no read)."""
+    """Whether a Delta table has been made at ``path``: its log holds a commit or a
+    checkpoint (a file probe, no read). The log folder alone is not enough: another process
+    creating the table makes it a moment before its first commit.
+    """
     log, fs = hadoop_path(spark, f"{path}/_delta_log")
-    return bool(fs.exists(log))
+    if not fs.exists(log):
+        return False
+    hadoop = jvm(spark).org.apache.hadoop.fs.Path
+    commits = fs.globStatus(hadoop(log, "*.json"))
+    return bool(commits) or bool(fs.exists(hadoop(log, "_last_checkpoint")))
 
 
 def latest_version(spark: SparkSession, path: str) -> int:
@@ -123,7 +160,7 @@ class VersionTracker:
             self._probe = (log, fs, jvm(self._spark).org.apache.hadoop.fs.Path)
         log, fs, hadoop = self._probe
         if self.version < 0:
-            if not fs.exists(log):
+            if not table_exists(self._spark, self.path):  # not even its first commit yet
                 return -1
             self.version = latest_version(self._spark, self.path)
         while fs.exists(hadoop(log, f"{self.version + 1:020d}.json")):

@@ -12,15 +12,23 @@ Example:
 
 from __future__ import annotations
 
+import time
+
 from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from engine.core.config import EngineConfig
 from engine.core.errors import SetupError
+from engine.lakehouse.delta_log import CONCURRENT_CHANGES, table_exists
 from engine.lakehouse.layout import Layout, layout
 from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, CONSUMER_LOG, QUARANTINE, SCHEDULE, TOPIC
 
+#: Tries to create a table while other processes race to create it too.
+CREATE_ATTEMPTS = 5
+#: Delta's error condition for a creation at a folder that holds files but no commit yet.
+NON_EMPTY_LOCATION = "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION"
 #: (Spark application, lakehouse) pairs whose tables are known to exist and be current.
 _ENSURED: set[tuple[str, str]] = set()
 
@@ -39,18 +47,35 @@ def ensure_topic_table(spark: SparkSession, cfg: EngineConfig, topic: str) -> st
 def _create(
     spark: SparkSession, path: str, schema: StructType, partition: str | None, migrate: bool
 ) -> None:
-    if DeltaTable.isDeltaTable(spark, path):
-        _add_missing_columns(spark, path, schema, migrate)
-        return
-    builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
-    if partition:
-        builder = builder.partitionedBy(partition)
-    try:
-        builder.execute()
-    except Exception:
-        # Another process may have created it between the check and the commit.
-        if not DeltaTable.isDeltaTable(spark, path):
-            raise
+    """Create the table unless it exists; tolerate other processes creating it at once.
+
+    Engines, producers and consumers may all start on a new lakehouse at the same moment:
+    a creation that loses the race to another gets one of Delta's conflict exceptions, looks
+    again, and finds the other's table.
+    """
+    for attempt in range(CREATE_ATTEMPTS):
+        if table_exists(spark, path):
+            _add_missing_columns(spark, path, schema, migrate)
+            return
+        builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
+        if partition:
+            builder = builder.partitionedBy(partition)
+        try:
+            builder.execute()
+            return
+        except Exception as err:
+            if not _lost_race(err) or attempt == CREATE_ATTEMPTS - 1:
+                raise
+            time.sleep(0.2 * (attempt + 1))  # another process is creating it: look again
+
+
+def _lost_race(err: Exception) -> bool:
+    """Whether a creation failed because another process was creating the same table: it
+    committed first (a Delta conflict), or has written its log folder but not yet its first
+    commit (Delta's "location is not empty and also not a Delta table")."""
+    if isinstance(err, CONCURRENT_CHANGES):
+        return True
+    return isinstance(err, AnalysisException) and err.getCondition() == NON_EMPTY_LOCATION
 
 
 def _add_missing_columns(spark: SparkSession, path: str, schema: StructType, migrate: bool) -> None:

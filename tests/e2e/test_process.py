@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,44 @@ def test_ctrl_c_and_sigterm_stop_cleanly(
     # after stopping, a line says what was delivered
     after = output.split("stopping cleanly", 1)[1]
     assert any("delivered" in line for line in after.splitlines())
+
+
+@pytest.mark.parametrize("attempt", [1, 2])
+def test_engine_producers_and_a_consumer_started_at_once_on_a_new_lakehouse(
+    spark: SparkSession, make_cfg: Any, tmp_path: Path, attempt: int
+) -> None:
+    cfg = make_cfg()
+    settings = engine_args(cfg, "--set", "spark.log_level=WARN")
+    lines = "\n".join(settings[1::2])  # the --set values, for the consumer process
+    ids = [f"race-{attempt}-a", f"race-{attempt}-b"]
+    delayq = str(VENV_BIN / "delayq")
+    logs = {name: tmp_path / f"{name}.log" for name in ("engine", "p0", "p1", "consumer")}
+    procs = {
+        "engine": start([delayq, "run", *settings], logs["engine"]),
+        **{
+            f"p{i}": start(
+                [delayq, "send", *settings, "--topic", "orders", "--body", f"m{i}", "--id", msg_id],
+                logs[f"p{i}"],
+            )
+            for i, msg_id in enumerate(ids)
+        },
+        "consumer": start(
+            [sys.executable, "-m", "tests.support.waiting_consumer", lines, ",".join(ids)],
+            logs["consumer"],
+        ),
+    }
+    try:
+        codes = {name: procs[name].wait(300) for name in ("p0", "p1", "consumer")}
+        os.killpg(procs["engine"].pid, signal.SIGINT)  # Ctrl-C
+        codes["engine"] = procs["engine"].wait(60)
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    outputs = {name: log.read_text() for name, log in logs.items()}
+    for name, output in outputs.items():
+        assert codes[name] == 0, f"{name} exited {codes[name]}:\n{output[-3000:]}"
+        java_frames = [line for line in output.splitlines() if line.startswith("\tat ")]
+        assert "Traceback" not in output and not java_frames, f"{name}:\n{output[-3000:]}"
+    assert f"received {' '.join(ids)}" in outputs["consumer"]
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
