@@ -70,7 +70,9 @@ def _duration(key: str, value: object) -> int:
 
 
 def _duration_or_off(key: str, value: object) -> int:
-    if str(value).strip().lower() in {"0", "off"}:
+    # "0", "off" or any zero duration ("0s") turns the feature off.
+    text = str(value).strip().lower()
+    if text in {"0", "off"} or (text[:1] == "0" and parse_duration_ms(text, key) == 0):
         return 0
     return _duration(key, value)
 
@@ -260,9 +262,10 @@ class EngineConfig:
         allow_empty_body: accept messages whose body is empty (refused by default).
         max_property_name: longest user property name, in characters.
         max_delay_ms: longest delay a timer message may ask for (``messages.max_delay``).
-        dedup_window_ms: a message whose ``msg_id`` was stamped at most this long before is
-            a duplicate (``messages.dedup_window``; 0 turns deduplication off). At least the
-            longest level's delay.
+        dedup_window_ms: a stamped ``msg_id`` stays taken this long after the later of its
+            store and deliver times; a copy sent meanwhile is a duplicate
+            (``messages.dedup_window``; 0 turns deduplication off). At least the longest
+            level's delay.
         stamp_interval_ms: trigger interval of the stamping stream.
         stamp_max_files: ``maxFilesPerTrigger`` of the stamping stream.
         stamp_max_bytes: ``maxBytesPerTrigger`` of the stamping stream (a batch is held in

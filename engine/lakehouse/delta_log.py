@@ -117,8 +117,9 @@ def table_exists(spark: SparkSession, path: str) -> bool:
     if not fs.exists(log):
         return False
     hadoop = jvm(spark).org.apache.hadoop.fs.Path
-    commits = fs.globStatus(hadoop(log, "*.json"))
-    return bool(commits) or bool(fs.exists(hadoop(log, "_last_checkpoint")))
+    if fs.exists(hadoop(log, "_last_checkpoint")):
+        return True  # without listing a long log
+    return bool(fs.globStatus(hadoop(log, "*.json")))
 
 
 def latest_version(spark: SparkSession, path: str) -> int:

@@ -15,20 +15,17 @@ from __future__ import annotations
 import time
 
 from delta.tables import DeltaTable
-from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql.types import StructType
 
 from engine.core.config import EngineConfig
 from engine.core.errors import SetupError
-from engine.lakehouse.delta_log import CONCURRENT_CHANGES, table_exists
+from engine.lakehouse.delta_log import table_exists
 from engine.lakehouse.layout import Layout, layout
 from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, CONSUMER_LOG, QUARANTINE, SCHEDULE, TOPIC
 
 #: Tries to create a table while other processes race to create it too.
-CREATE_ATTEMPTS = 5
-#: Delta's error condition for a creation at a folder that holds files but no commit yet.
-NON_EMPTY_LOCATION = "DELTA_CREATE_TABLE_WITH_NON_EMPTY_LOCATION"
+CREATE_ATTEMPTS = 8
 #: (Spark application, lakehouse) pairs whose tables are known to exist and be current.
 _ENSURED: set[tuple[str, str]] = set()
 
@@ -49,33 +46,25 @@ def _create(
 ) -> None:
     """Create the table unless it exists; tolerate other processes creating it at once.
 
-    Engines, producers and consumers may all start on a new lakehouse at the same moment:
-    a creation that loses the race to another gets one of Delta's conflict exceptions, looks
-    again, and finds the other's table.
+    Engines, producers and consumers may all start on a new lakehouse at the same moment.
+    A creation that loses the race fails in one of several ways (a Delta conflict, "location
+    is not empty and also not a Delta table" while the other has written its log folder but
+    not its first commit, "table not found" while it looked); it waits, looks again, and
+    finds the other's table. An error that outlasts the tries is raised.
     """
-    for attempt in range(CREATE_ATTEMPTS):
+    for attempt in range(1, CREATE_ATTEMPTS + 1):
         if table_exists(spark, path):
-            _add_missing_columns(spark, path, schema, migrate)
-            return
+            break
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if partition:
             builder = builder.partitionedBy(partition)
         try:
             builder.execute()
-            return
-        except Exception as err:
-            if not _lost_race(err) or attempt == CREATE_ATTEMPTS - 1:
+        except Exception:
+            if attempt == CREATE_ATTEMPTS and not table_exists(spark, path):
                 raise
-            time.sleep(0.2 * (attempt + 1))  # another process is creating it: look again
-
-
-def _lost_race(err: Exception) -> bool:
-    """Whether a creation failed because another process was creating the same table: it
-    committed first (a Delta conflict), or has written its log folder but not yet its first
-    commit (Delta's "location is not empty and also not a Delta table")."""
-    if isinstance(err, CONCURRENT_CHANGES):
-        return True
-    return isinstance(err, AnalysisException) and err.getCondition() == NON_EMPTY_LOCATION
+            time.sleep(0.25 * attempt)  # another process may be creating it: look again
+    _add_missing_columns(spark, path, schema, migrate)
 
 
 def _add_missing_columns(spark: SparkSession, path: str, schema: StructType, migrate: bool) -> None:

@@ -1,22 +1,26 @@
-"""Idempotent sends: a ``msg_id`` stamped once within the deduplication window.
+"""Idempotent sends: a ``msg_id`` is stamped once while it is taken.
 
 A producer that retries after a timeout, two writers, or a replayed Kafka batch can put the
 same ``msg_id`` into ``commitlog`` twice. Stamping keeps the first copy and sends every later
 one to ``quarantine`` with a reason starting ``duplicate:`` (``history`` shows it as a
 ``duplicate`` event), so a message id is scheduled, and delivered, once.
 
-The rule depends on the data only, so a replayed batch decides the same: a row is a
-duplicate when a copy with the same id was stamped by an earlier batch, or comes before it in
-its own batch (earliest ``store_ts``, then ``born_ts``, topic and body), and that copy was
-stored at most ``messages.dedup_window`` before the row. :class:`SeenIds` holds a 64-bit hash
-of every id stamped in the window; a hit is confirmed against ``schedule`` before a row is
-called a duplicate (a hash collision never drops a message).
+An id is *taken* by a stamped copy until ``messages.dedup_window`` after the later of the
+copy's store time and its deliver time: while the message waits (a timer days ahead, a
+cancelled one) and for the window after. A row is a duplicate when its store time falls
+within that span of a copy stamped by an earlier batch, or of a copy before it in its own
+batch (earliest ``store_ts``, then ``born_ts``, topic, body, level, deliver time, tag). The
+rule looks only at the rows, so a replayed batch decides the same.
+
+:class:`SeenIds` holds a 64-bit hash of every taken id with the time it is taken until; a hit
+is confirmed against ``schedule`` before a row is called a duplicate (a hash collision never
+drops a message).
 
 Example:
-    >>> seen = SeenIds()
     >>> at = datetime(2026, 1, 1, tzinfo=UTC)
-    >>> seen.add(np.array([7, 3], dtype=np.int64), newest=at)
-    >>> seen.contains(np.array([3, 4], dtype=np.int64)).tolist()
+    >>> seen = SeenIds(complete_from=at)
+    >>> seen.add(np.array([7, 3]), np.array([micros(at)] * 2))
+    >>> seen.contains(np.array([3, 4])).tolist()
     [True, False]
 """
 
@@ -33,60 +37,100 @@ import pyarrow.compute as pc
 #: How a duplicate's quarantine reason starts (``history`` calls such rows ``duplicate``).
 DUPLICATE = "duplicate: "
 #: Within a batch, the copy kept is the first in this order (the same on every replay).
-_FIRST = (
+FIRST = (
     ("msg_id", "ascending"),
     ("store_ts", "ascending"),
     ("born_ts", "ascending"),
     ("topic", "ascending"),
     ("body", "ascending"),
+    ("delay_level", "ascending"),
+    ("deliver_at", "ascending"),
+    ("tags", "ascending"),
 )
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def micros(when: datetime) -> int:
+    """Microseconds since the epoch (the unit of Arrow's timestamps here).
+
+    Example:
+        >>> micros(datetime(1970, 1, 1, 0, 0, 1, tzinfo=UTC))
+        1000000
+    """
+    return (when - _EPOCH) // timedelta(microseconds=1)
+
+
+def taken_until(rows: pa.Table) -> np.ndarray:
+    """Per row, in microseconds: the later of ``store_ts`` and ``deliver_ts``."""
+
+    def us(column: str) -> np.ndarray:
+        values = pc.fill_null(pc.cast(rows[column], pa.int64()), 0)
+        return np.asarray(values.to_numpy(zero_copy_only=False), dtype=np.int64)
+
+    later: np.ndarray = np.maximum(us("store_ts"), us("deliver_ts"))
+    return later
+
+
+@dataclass(frozen=True)
+class Taken:
+    """The latest stamped copy of an id: when it was stored, and until when it is taken."""
+
+    stored: datetime
+    until: datetime
 
 
 @dataclass(frozen=True)
 class _Segment:
     hashes: np.ndarray  # sorted int64
-    newest: datetime  # the latest store_ts among them
+    until: np.ndarray  # int64 microseconds, aligned with hashes
 
 
 class SeenIds:
-    """Hashes of stamped ids, forgotten by store time (whole segments at once).
+    """Hashes of the taken ids, each with the time it is taken until (16 bytes per id).
 
-    Sorted runs of 64-bit hashes, merged when two neighbours are of similar size, so a lookup
-    searches O(log n) arrays. 8 bytes per id: 1,000 msg/s over a 2 h window hold 58 MB.
+    Sorted runs, merged when two neighbours are of similar size, so a lookup searches
+    O(log n) arrays. It holds every stamped id taken until ``complete_from`` or later;
+    :meth:`expire` raises that bound.
+
+    Args:
+        complete_from: the bound the caller filled it from (a rebuild from ``schedule``).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, complete_from: datetime) -> None:
+        self.complete_from = complete_from
         self._segments: list[_Segment] = []  # oldest first
 
     def __len__(self) -> int:
         return sum(len(s.hashes) for s in self._segments)
 
-    def add(self, hashes: np.ndarray, newest: datetime) -> None:
-        """Remember ``hashes`` (ids stored at or before ``newest``).
+    def add(self, hashes: np.ndarray, until: np.ndarray) -> None:
+        """Remember ``hashes``, each taken until ``until`` (microseconds).
 
         Example:
-            >>> seen = SeenIds()
-            >>> seen.add(np.array([1, 2], dtype=np.int64), datetime(2026, 1, 1, tzinfo=UTC))
+            >>> seen = SeenIds(datetime(2026, 1, 1, tzinfo=UTC))
+            >>> seen.add(np.array([1, 2]), np.array([5, 5]))
             >>> len(seen)
             2
         """
         if len(hashes) == 0:
             return
-        self._segments.append(_Segment(np.sort(hashes.astype(np.int64)), newest))
+        order = np.argsort(hashes, kind="stable")
+        hashes = np.asarray(hashes, dtype=np.int64)[order]
+        self._segments.append(_Segment(hashes, np.asarray(until, dtype=np.int64)[order]))
         while len(self._segments) > 1:
             older, newer = self._segments[-2], self._segments[-1]
             if len(older.hashes) > 2 * len(newer.hashes):
                 break
-            merged = np.sort(np.concatenate([older.hashes, newer.hashes]), kind="mergesort")
-            self._segments[-2:] = [_Segment(merged, max(older.newest, newer.newest))]
+            self._segments[-2:] = [_merge(older, newer)]
 
     def contains(self, hashes: np.ndarray) -> np.ndarray:
         """Whether each hash was added (a hash hit; the id itself may differ).
 
         Example:
-            >>> SeenIds().contains(np.array([5], dtype=np.int64)).tolist()
+            >>> SeenIds(datetime(2026, 1, 1, tzinfo=UTC)).contains(np.array([5])).tolist()
             [False]
         """
+        hashes = np.asarray(hashes, dtype=np.int64)
         found = np.zeros(len(hashes), dtype=bool)
         for segment in self._segments:
             at = np.searchsorted(segment.hashes, hashes)
@@ -95,70 +139,98 @@ class SeenIds:
         return found
 
     def expire(self, before: datetime) -> None:
-        """Forget the segments whose every id was stored before ``before``.
+        """Forget the ids taken until earlier than ``before``.
 
         Example:
-            >>> seen = SeenIds()
             >>> at = datetime(2026, 1, 1, tzinfo=UTC)
-            >>> seen.add(np.array([1], dtype=np.int64), at)
-            >>> seen.expire(at + timedelta(seconds=2))
-            >>> len(seen)
-            0
+            >>> seen = SeenIds(at)
+            >>> seen.add(np.array([1, 2]), np.array([micros(at), micros(at + HOUR)]))
+            >>> seen.expire(at + timedelta(minutes=1))
+            >>> len(seen), seen.complete_from == at + timedelta(minutes=1)
+            (1, True)
         """
-        self._segments = [s for s in self._segments if s.newest >= before]
+        if before <= self.complete_from:
+            return
+        bound = micros(before)
+        kept = []
+        for segment in self._segments:
+            keep = segment.until >= bound
+            if keep.any():
+                kept.append(_Segment(segment.hashes[keep], segment.until[keep]))
+        self._segments = kept
+        self.complete_from = before
+
+
+HOUR = timedelta(hours=1)
+
+
+def _merge(older: _Segment, newer: _Segment) -> _Segment:
+    hashes = np.concatenate([older.hashes, newer.hashes])
+    until = np.concatenate([older.until, newer.until])
+    order = np.argsort(hashes, kind="stable")
+    return _Segment(hashes[order], until[order])
 
 
 def duplicate_reasons(
     rows: pa.Table,
     hashes: np.ndarray,
     seen: SeenIds,
-    earlier: Callable[[Sequence[str]], Mapping[str, datetime]],
+    earlier: Callable[[Sequence[str]], Mapping[str, Taken]],
     window: timedelta,
 ) -> pa.Array:
     """Why each row is a duplicate (``duplicate: ...``), or null for the copy to stamp.
 
     Args:
-        rows: valid ``commitlog`` rows of one stamping batch (``msg_id`` never null).
+        rows: valid stamped rows of one batch (``msg_id`` never null; the :data:`FIRST`
+            columns and ``deliver_ts``).
         hashes: the 64-bit hash of each row's ``msg_id`` (the one :class:`SeenIds` holds).
-        seen: the ids stamped by earlier batches (at least those stored ``window`` before
-            the earliest row).
-        earlier: for ids whose hash was seen, the store time of the latest copy already in
-            ``schedule`` (ids that are not there are left out: a hash collision).
-        window: a copy stored longer than this before a row does not make it a duplicate.
+        seen: the ids stamped by earlier batches (complete for this batch's rows).
+        earlier: for ids whose hash was seen, their latest copy in ``schedule`` from an
+            earlier batch (ids that are not there are left out: a hash collision).
+        window: how long an id stays taken after its copy's store or deliver time.
 
     Example:
         >>> at = datetime(2026, 1, 1, tzinfo=UTC)
-        >>> rows = pa.table({"msg_id": ["A", "A", "B"], "store_ts": [at, at, at],
-        ...     "born_ts": [at, at, at], "topic": ["t", "t", "t"], "body": [b"1", b"2", b"3"]})
-        >>> reasons = duplicate_reasons(
-        ...     rows, np.array([1, 1, 2]), SeenIds(), lambda ids: {}, timedelta(hours=2))
-        >>> reasons.to_pylist()
+        >>> rows = pa.table({"msg_id": ["A", "A", "B"], "store_ts": [at] * 3,
+        ...     "born_ts": [at] * 3, "topic": ["t"] * 3, "body": [b"1", b"2", b"3"],
+        ...     "delay_level": [1] * 3, "deliver_at": pa.nulls(3, pa.timestamp("us", "UTC")),
+        ...     "tags": pa.nulls(3, pa.string()), "deliver_ts": [at] * 3})
+        >>> seen = SeenIds(at)
+        >>> duplicate_reasons(rows, np.array([1, 1, 2]), seen, lambda ids: {}, HOUR).to_pylist()
         [None, 'duplicate: msg_id A was already stored at 2026-01-01 00:00:00.000 UTC', None]
     """
     n = rows.num_rows
     if n == 0:
         return pa.nulls(0, pa.string())
-    order = pc.sort_indices(rows.select([k for k, _ in _FIRST]), sort_keys=_FIRST).to_numpy()
+    order = pc.sort_indices(rows.select([k for k, _ in FIRST]), sort_keys=FIRST).to_numpy()
     sorted_ids = rows["msg_id"].take(pa.array(order))
-    repeated = pc.equal(sorted_ids[1:], sorted_ids[:-1]).to_numpy(zero_copy_only=False)
+    repeated = np.zeros(n, dtype=bool)  # the same id as the row before, in sorted order
+    repeated[1:] = pc.equal(sorted_ids[1:], sorted_ids[:-1]).to_numpy(zero_copy_only=False)
     hit = seen.contains(np.asarray(hashes, dtype=np.int64)[order])
     if not hit.any() and not repeated.any():
         return pa.nulls(n, pa.string())  # the usual batch: no id seen before, none twice
-    ids = sorted_ids.to_pylist()
-    stored = rows["store_ts"].take(pa.array(order)).to_pylist()
-    suspects = sorted({ids[i] for i in np.flatnonzero(hit)})
-    stamped = dict(earlier(suspects)) if suspects else {}
+    # Only the runs of ids that were seen or come more than once need a closer look.
+    run = np.cumsum(~repeated)
+    marked = np.union1d(run[hit], run[repeated])
+    positions = np.flatnonzero(np.isin(run, marked))
+    picked = pa.array(order[positions])
+    ids = rows["msg_id"].take(picked).to_pylist()
+    stored = rows["store_ts"].take(picked).to_pylist()
+    until = taken_until(rows.take(picked).select(["store_ts", "deliver_ts"]))
+    stamped = dict(earlier(sorted({ids[i] for i in np.flatnonzero(hit[positions])})))
     reasons: list[str | None] = [None] * n
     previous: str | None = None
-    kept: datetime | None = None  # store time of the copy of `previous` that is stamped
-    for position, msg_id in enumerate(ids):
-        store = stored[position]
+    kept: Taken | None = None  # the copy of `previous` that is stamped
+    for i, msg_id in enumerate(ids):
         if msg_id != previous:  # the first copy of this id in the batch
             previous, kept = msg_id, stamped.get(msg_id)
-        if kept is None or kept < store - window:
-            kept = store  # no copy in the window: this one is stamped
+        if kept is None or stored[i] > kept.until + window:
+            # Not taken: this copy is stamped, and takes the id from now on.
+            kept = Taken(stored[i], _EPOCH + timedelta(microseconds=int(until[i])))
             continue
-        reasons[order[position]] = f"{DUPLICATE}msg_id {msg_id} was already stored at {_at(kept)}"
+        reasons[int(order[positions[i]])] = (
+            f"{DUPLICATE}msg_id {msg_id} was already stored at {_at(kept.stored)}"
+        )
     return pa.array(reasons, pa.string())
 
 
@@ -166,4 +238,4 @@ def _at(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-__all__ = ["DUPLICATE", "SeenIds", "duplicate_reasons"]
+__all__ = ["DUPLICATE", "FIRST", "SeenIds", "Taken", "duplicate_reasons", "micros", "taken_until"]

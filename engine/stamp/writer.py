@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -30,13 +30,16 @@ from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import Layout
-from engine.stamp.dedup import SeenIds, duplicate_reasons
+from engine.stamp.dedup import SeenIds, Taken, duplicate_reasons, taken_until
 from engine.stamp.transform import check, stamped
 from schemas import QUARANTINE, SCHEDULE, column_names
 
 STAMP_APP_ID = "delayq-stamp"
 #: A column of the collected batch (not stored): the 64-bit hash of ``msg_id``.
 ID_HASH = "_id_hash"
+#: Ids are kept this long past the window, for rows stored a while before they are stamped
+#: (older ones make the writer read the ids back from ``schedule``).
+EXPIRY_SLACK = timedelta(minutes=15)
 
 
 class StampWriter:
@@ -77,7 +80,7 @@ class StampWriter:
             stamped_rows = stamped_rows.withColumn(ID_HASH, F.xxhash64("msg_id"))
         rows = stamped_rows.toArrow()
         if dedup:
-            rows = self._mark_duplicates(spark, rows, batch_id)
+            rows = self._mark_duplicates(spark, rows, batch_id, now)
         refused = pc.is_valid(rows["reason"])
         scheduled = rows.filter(pc.invert(refused))
         # One sorted run per queue: each file then spans a narrow deliver_ts range, which
@@ -91,30 +94,35 @@ class StampWriter:
             self.cfg.stamp_file_rows,
         )
         if dedup and self._seen is not None and scheduled.num_rows:
-            self._seen.add(scheduled[ID_HASH].to_numpy(), pc.max(scheduled["store_ts"]).as_py())
+            self._seen.add(scheduled[ID_HASH].to_numpy(), taken_until(scheduled))
         refused_rows = rows.filter(refused)
         quarantined = refused_rows.append_column("quarantined_ts", refused_rows["stamped_ts"])
         self._append(
             spark, quarantined.select(column_names(QUARANTINE)), self.layout.quarantine, batch_id
         )
 
-    def _mark_duplicates(self, spark: SparkSession, rows: pa.Table, batch_id: int) -> pa.Table:
+    def _mark_duplicates(
+        self, spark: SparkSession, rows: pa.Table, batch_id: int, now: datetime
+    ) -> pa.Table:
         """``rows`` with each later copy of an already stamped ``msg_id`` refused as a duplicate."""
         valid = pc.is_null(rows["reason"])
         candidates = rows.filter(valid)
         if candidates.num_rows == 0:
             return rows
         window = timedelta(milliseconds=self.cfg.dedup_window_ms)
-        # Copies stored before this can make no row of the batch a duplicate.
-        oldest = pc.min(candidates["store_ts"]).as_py() - window
-        if self._seen is None:
-            self._seen = seen_ids(spark, self.layout.schedule, batch_id, oldest)
-        self._seen.expire(oldest)
+        # Only copies taken until this or later can make a row of the batch a duplicate.
+        needed = pc.min(candidates["store_ts"]).as_py() - window
+        if self._seen is None or needed < self._seen.complete_from:
+            # A restart, a retried batch, or rows stored long before the batch: read the
+            # taken ids back from `schedule`, so the decision is the one the data gives.
+            self._seen = seen_ids(spark, self.layout.schedule, batch_id, needed)
+        elif now - window - EXPIRY_SLACK > self._seen.complete_from + window / 8:
+            self._seen.expire(now - window - EXPIRY_SLACK)  # now and then: it scans the ids
         reasons = duplicate_reasons(
             candidates,
             candidates[ID_HASH].to_numpy(),
             self._seen,
-            lambda ids: self._last_stored(ids, batch_id),
+            lambda ids: self._last_stored(ids, batch_id, needed),
             window,
         )
         if reasons.null_count == len(reasons):
@@ -126,27 +134,37 @@ class StampWriter:
         index = rows.column_names.index("reason")
         return rows.set_column(index, "reason", pa.array(merged.tolist(), pa.string()))
 
-    def _last_stored(self, ids: Sequence[str], batch_id: int) -> dict[str, datetime]:
-        """The store time of each id's latest copy stamped by an earlier batch (left out:
-        none)."""
+    def _last_stored(self, ids: Sequence[str], batch_id: int, needed: datetime) -> dict[str, Taken]:
+        """Each id's latest copy stamped by an earlier batch and taken until ``needed`` or
+        later (ids without one are left out)."""
         table = self._tables[self.layout.schedule]
         version = table.latest()
-        if version < 0:
+        if version < 0 or not ids:
             return {}
-        found = (
-            table.dataset(version)
-            .to_table(
-                columns=["msg_id", "store_ts"],
-                filter=pc.field("msg_id").isin(list(ids))
-                & (pc.field("stamp_batch") < batch_id)
-                & (pc.field("revision").is_null() | (pc.field("revision") == 0)),
-            )
+        store, deliver = pc.field("store_ts"), pc.field("deliver_ts")
+        found = table.dataset(version).to_table(
+            columns=["msg_id", "store_ts", "deliver_ts"],
+            # The time bounds change no answer; they let the files' statistics skip the rest.
+            filter=pc.field("msg_id").isin(pa.array(list(ids), pa.string()))
+            & (pc.field("stamp_batch") < batch_id)
+            & (pc.field("revision").is_null() | (pc.field("revision") == 0))
+            & ((store >= needed) | (deliver >= needed)),
+        )
+        until = pa.array(taken_until(found), pa.int64())
+        latest = (
+            found.append_column("until", until)
             .group_by("msg_id")
-            .aggregate([("store_ts", "max")])
+            .aggregate([("store_ts", "max"), ("until", "max")])
         )
-        return dict(
-            zip(found["msg_id"].to_pylist(), found["store_ts_max"].to_pylist(), strict=True)
-        )
+        return {
+            msg_id: Taken(stored, _from_micros(int(us)))
+            for msg_id, stored, us in zip(
+                latest["msg_id"].to_pylist(),
+                latest["store_ts_max"].to_pylist(),
+                latest["until_max"].to_pylist(),
+                strict=True,
+            )
+        }
 
     def _holds(self, spark: SparkSession, path: str, batch_id: int) -> bool:
         """Whether the table already holds this batch (a replay of a batch it received)."""
@@ -171,28 +189,31 @@ class StampWriter:
 
 
 def seen_ids(spark: SparkSession, schedule: str, batch_id: int, since: datetime) -> SeenIds:
-    """The ids stamped by batches before ``batch_id`` and stored at ``since`` or later.
+    """The ids stamped by batches before ``batch_id`` and taken until ``since`` or later.
 
     Example:
         >>> since = clock.now() - timedelta(hours=2)
         >>> len(seen_ids(spark, lay.schedule, 12, since))  # doctest: +SKIP
         4200
     """
-    seen = SeenIds()
+    seen = SeenIds(complete_from=since)
     rows = (
         spark.read.format("delta")
         .load(schedule)
         .where(
             (F.col("stamp_batch") < batch_id)
-            & (F.col("store_ts") >= F.lit(since))
             & (F.coalesce(F.col("revision"), F.lit(0)) == 0)
+            & ((F.col("store_ts") >= F.lit(since)) | (F.col("deliver_ts") >= F.lit(since)))
         )
-        .select(F.xxhash64("msg_id").alias(ID_HASH), "store_ts")
+        .select(F.xxhash64("msg_id").alias(ID_HASH), "store_ts", "deliver_ts")
         .toArrow()
     )
-    if rows.num_rows:
-        seen.add(rows[ID_HASH].to_numpy(), pc.max(rows["store_ts"]).as_py())
+    seen.add(rows[ID_HASH].to_numpy(), taken_until(rows))
     return seen
+
+
+def _from_micros(us: int) -> datetime:
+    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
 
 
 def highest_batch(spark: SparkSession, path: str) -> int:

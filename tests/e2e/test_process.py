@@ -141,3 +141,69 @@ def test_engine_producers_and_a_consumer_started_at_once_on_a_new_lakehouse(
         assert "Traceback" not in output and not java_frames, f"{name}:\n{output[-3000:]}"
     assert f"received {' '.join(ids)}" in outputs["consumer"]
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+
+
+#: (where the engine dies, the how-many-th time it gets there); "external" is a SIGKILL from
+#: outside once the engine's progress shows a delivery.
+STORM = (
+    ("topic-after", 1),
+    ("plan", 1),
+    ("offset-temp", 1),
+    ("topic-before", 2),
+    ("stamp-after", 2),
+    ("external", 0),
+    ("topic-after", 3),
+)
+
+
+def test_kill_storm_every_message_once_never_early(
+    spark: SparkSession, make_cfg: Any, tmp_path: Path
+) -> None:
+    cfg = make_cfg()
+    settings = engine_args(cfg, "--show", "0")
+    delayq = str(VENV_BIN / "delayq")
+    ids: list[str] = []
+    landed: list[tuple[str, int, int, int]] = []  # point, exit code, delivered before, after
+    for k, (point, nth) in enumerate(STORM):
+        # A wave before each start: levels 0-3 and timers up to 20 s, over three topics,
+        # so rounds are due while the engine runs as well as when it starts.
+        wave = [
+            Message(f"t{i % 3}", f"{k}-{i}", delay_level=i % 4)
+            if i % 2
+            else Message(f"t{i % 3}", f"{k}-{i}", delay=f"{i % 20}s")
+            for i in range(2_000 // len(STORM))
+        ]
+        ids += send_many(spark, cfg, wave)
+        before = len(delivered_rows(spark, cfg))
+        log = tmp_path / f"engine-{k}.log"
+        if point == "external":
+            proc = start([delayq, "run", *settings], log)
+            try:
+                wait_for(
+                    lambda n=before: len(delivered_rows(spark, cfg)) > n,  # type: ignore[misc]
+                    180,
+                    "a delivery",
+                )
+            finally:
+                os.killpg(proc.pid, signal.SIGKILL)
+            code = proc.wait(30)
+        else:
+            until = ["--until-idle", "--max-seconds", "60"]
+            command = [sys.executable, "-m", "tests.support.killing_engine", point, str(nth)]
+            proc = start([*command, *settings, *until], log)
+            code = proc.wait(240)
+            output = log.read_text()
+            assert code == -signal.SIGKILL or code == 0, output[-3000:]
+        landed.append((point, code, before, len(delivered_rows(spark, cfg))))
+
+    final = start(
+        [delayq, "run", *settings, "--until-idle", "--max-seconds", "120"], tmp_path / "final.log"
+    )
+    code = final.wait(300)
+    assert code == 0, (tmp_path / "final.log").read_text()[-3000:]
+    print("\nkill storm: point, exit code, delivered before -> after")
+    for point, exit_code, before, after in landed:
+        print(f"  {point:13} {exit_code:4} {before:5} -> {after}")
+    killed = [p for p, exit_code, _, _ in landed if exit_code == -signal.SIGKILL]
+    assert len(killed) >= len(STORM) - 1, landed  # nearly every kill landed where aimed
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)

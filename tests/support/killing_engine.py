@@ -1,0 +1,92 @@
+"""``delayq run`` that SIGKILLs itself, JVM included, at a chosen point of its work.
+
+Run as ``python -m tests.support.killing_engine POINT N <delayq run arguments>``; it dies the
+N-th time it reaches POINT (started with ``start_new_session``, its process group is the
+Python driver and its JVM, as a ``kill -9`` of a job would leave them):
+
+| POINT          | where it dies                                                        |
+|----------------|----------------------------------------------------------------------|
+| ``plan``       | a round's plan is written, no topic table yet                        |
+| ``topic-before``| a topic table is about to be committed                              |
+| ``topic-after``| a topic table was committed, the round's progress not yet            |
+| ``offset-temp``| the round's progress file is half written (its temporary file only) |
+| ``stamp-after``| a stamping batch reached ``schedule``, not yet ``quarantine``        |
+
+The crash points wrap the engine's classes from here, so production code has no hooks.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import signal
+import sys
+import uuid
+from collections.abc import Callable, Iterable, Mapping
+from typing import Any
+
+from engine.cli import main
+from engine.deliver.offset_log import OffsetLog
+from engine.deliver.sinks import DeltaTopicSink
+from engine.stamp.writer import StampWriter
+
+POINTS = ("plan", "topic-before", "topic-after", "offset-temp", "stamp-after")
+
+
+def die(point: str) -> None:
+    print(f"killing-engine: SIGKILL at {point}", flush=True)
+    os.killpg(os.getpgid(0), signal.SIGKILL)
+
+
+def arm(point: str, nth: int) -> None:
+    """Wrap the engine's classes so that the process dies the ``nth`` time ``point`` is hit."""
+    seen = itertools.count(1)
+
+    def reached() -> None:
+        if next(seen) == nth:
+            die(point)
+
+    topic_write = DeltaTopicSink.write
+
+    def write_topic(
+        self: DeltaTopicSink, round_: int, table: str, rows: Any, replayed: bool
+    ) -> None:
+        if point == "topic-before":
+            reached()
+        topic_write(self, round_, table, rows, replayed)
+        if point == "topic-after":
+            reached()
+
+    offset_write = OffsetLog.write
+
+    def write_offsets(
+        self: OffsetLog, round_: int, rows: Iterable[Mapping[str, Any]], planned: bool = False
+    ) -> None:
+        if point == "offset-temp" and not planned and next(seen) == nth:
+            temp = self._jvm.org.apache.hadoop.fs.Path(self._dir, f".tmp-{uuid.uuid4().hex}")
+            stream = self._fs.create(temp, True)
+            stream.write(bytearray(b'{"queue_id": 1, "sta'))  # cut short
+            stream.hsync()
+            die(point)
+        offset_write(self, round_, rows, planned)
+        if point == "plan" and planned:
+            reached()
+
+    stamp_append: Callable[..., None] = StampWriter._append
+
+    def append_stamped(self: StampWriter, spark: Any, rows: Any, path: str, *args: Any) -> None:
+        stamp_append(self, spark, rows, path, *args)
+        if point == "stamp-after" and path == self.layout.schedule and rows.num_rows:
+            reached()
+
+    DeltaTopicSink.write = write_topic  # type: ignore[method-assign]
+    OffsetLog.write = write_offsets  # type: ignore[method-assign]
+    StampWriter._append = append_stamped  # type: ignore[method-assign]
+
+
+if __name__ == "__main__":
+    chosen, count, *run_args = sys.argv[1:]
+    if chosen not in POINTS:
+        sys.exit(f"unknown point {chosen!r}; one of {', '.join(POINTS)}")
+    arm(chosen, int(count))
+    sys.exit(main(["run", *run_args]))
