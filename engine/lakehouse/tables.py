@@ -12,6 +12,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import time
 
 from delta.tables import DeltaTable
@@ -24,6 +25,7 @@ from engine.lakehouse.delta_log import table_exists
 from engine.lakehouse.layout import Layout, layout
 from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, CONSUMER_LOG, QUARANTINE, SCHEDULE, TOPIC
 
+log = logging.getLogger(__name__)
 #: Tries to create a table while other processes race to create it too.
 CREATE_ATTEMPTS = 8
 #: (Spark application, lakehouse) pairs whose tables are known to exist and be current.
@@ -60,10 +62,13 @@ def _create(
             builder = builder.partitionedBy(partition)
         try:
             builder.execute()
-        except Exception:
-            if attempt == CREATE_ATTEMPTS and not table_exists(spark, path):
+        except Exception as err:
+            if table_exists(spark, path):
+                break  # another process made it first
+            if attempt == CREATE_ATTEMPTS:
                 raise
-            time.sleep(0.25 * attempt)  # another process may be creating it: look again
+            log.info("creating %s failed (%s); another process may be creating it", path, err)
+            time.sleep(0.25 * attempt)  # look again
     _add_missing_columns(spark, path, schema, migrate)
 
 

@@ -112,12 +112,14 @@ class StampWriter:
         window = timedelta(milliseconds=self.cfg.dedup_window_ms)
         # Only copies taken until this or later can make a row of the batch a duplicate.
         needed = pc.min(candidates["store_ts"]).as_py() - window
+        # Never forget what this batch needs; keep some slack for rows stamped late.
+        bound = min(needed, now - window - EXPIRY_SLACK)
         if self._seen is None or needed < self._seen.complete_from:
             # A restart, a retried batch, or rows stored long before the batch: read the
             # taken ids back from `schedule`, so the decision is the one the data gives.
-            self._seen = seen_ids(spark, self.layout.schedule, batch_id, needed)
-        elif now - window - EXPIRY_SLACK > self._seen.complete_from + window / 8:
-            self._seen.expire(now - window - EXPIRY_SLACK)  # now and then: it scans the ids
+            self._seen = seen_ids(spark, self.layout.schedule, batch_id, bound)
+        elif bound > self._seen.complete_from + window / 8:
+            self._seen.expire(bound)  # now and then: it goes through every id
         reasons = duplicate_reasons(
             candidates,
             candidates[ID_HASH].to_numpy(),

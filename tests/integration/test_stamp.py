@@ -159,3 +159,21 @@ def test_dedup_off_stamps_every_copy(spark: SparkSession, make_cfg: object) -> N
     rows = [("A", "orders", b"1", 1), ("A", "orders", b"2", 1)]
     StampWriter(cfg, lay, FakeClock(T0))(commitlog_rows(spark, rows), 0)
     assert stored(spark, lay.schedule) == [("A", 0), ("A", 0)]
+
+
+def test_a_copy_stamped_long_after_it_was_stored_is_still_a_duplicate(
+    spark: SparkSession, make_cfg: object
+) -> None:
+    # The stamping stream fell 40 minutes behind (a backlog after downtime): the ids the
+    # batch needs must not be forgotten when the writer trims its memory.
+    cfg = make_cfg(dedup_window_ms=3_000)  # type: ignore[operator]
+    lay = ensure_tables(spark, cfg)
+    clock = FakeClock(T0)
+    writer = StampWriter(cfg, lay, clock)
+    writer(commitlog_rows(spark, [("X", "orders", b"1", None)]), 0)
+    clock.advance(seconds=40 * 60)
+    retry = commitlog_rows(spark, [("X", "orders", b"2", None)], T0 + timedelta(seconds=2))
+    writer(retry, 1)
+
+    assert stored(spark, lay.schedule) == [("X", 0)]
+    assert stored(spark, lay.quarantine) == [("X", 1)]
