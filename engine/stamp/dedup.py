@@ -60,6 +60,16 @@ def micros(when: datetime) -> int:
     return (when - _EPOCH) // timedelta(microseconds=1)
 
 
+def from_micros(us: int) -> datetime:
+    """The UTC time ``us`` microseconds after the epoch (the inverse of :func:`micros`).
+
+    Example:
+        >>> from_micros(1_000_000).isoformat()
+        '1970-01-01T00:00:01+00:00'
+    """
+    return _EPOCH + timedelta(microseconds=us)
+
+
 def taken_until(rows: pa.Table) -> np.ndarray:
     """Per row, in microseconds: the later of ``store_ts`` and ``deliver_ts``."""
 
@@ -144,7 +154,7 @@ class SeenIds:
         Example:
             >>> at = datetime(2026, 1, 1, tzinfo=UTC)
             >>> seen = SeenIds(at)
-            >>> seen.add(np.array([1, 2]), np.array([micros(at), micros(at + HOUR)]))
+            >>> seen.add(np.array([1, 2]), np.array([micros(at), micros(at + timedelta(hours=1))]))
             >>> seen.expire(at + timedelta(minutes=1))
             >>> len(seen), seen.complete_from == at + timedelta(minutes=1)
             (1, True)
@@ -159,9 +169,6 @@ class SeenIds:
                 kept.append(_Segment(segment.hashes[keep], segment.until[keep]))
         self._segments = kept
         self.complete_from = before
-
-
-HOUR = timedelta(hours=1)
 
 
 def _merge(older: _Segment, newer: _Segment) -> _Segment:
@@ -195,8 +202,8 @@ def duplicate_reasons(
         ...     "born_ts": [at] * 3, "topic": ["t"] * 3, "body": [b"1", b"2", b"3"],
         ...     "delay_level": [1] * 3, "deliver_at": pa.nulls(3, pa.timestamp("us", "UTC")),
         ...     "tags": pa.nulls(3, pa.string()), "deliver_ts": [at] * 3})
-        >>> seen = SeenIds(at)
-        >>> duplicate_reasons(rows, np.array([1, 1, 2]), seen, lambda ids: {}, HOUR).to_pylist()
+        >>> seen, hour = SeenIds(at), timedelta(hours=1)
+        >>> duplicate_reasons(rows, np.array([1, 1, 2]), seen, lambda ids: {}, hour).to_pylist()
         [None, 'duplicate: msg_id A was already stored at 2026-01-01 00:00:00.000 UTC', None]
     """
     n = rows.num_rows
@@ -226,7 +233,7 @@ def duplicate_reasons(
             previous, kept = msg_id, stamped.get(msg_id)
         if kept is None or stored[i] > kept.until + window:
             # Not taken: this copy is stamped, and takes the id from now on.
-            kept = Taken(stored[i], _EPOCH + timedelta(microseconds=int(until[i])))
+            kept = Taken(stored[i], from_micros(int(until[i])))
             continue
         reasons[int(order[positions[i]])] = (
             f"{DUPLICATE}msg_id {msg_id} was already stored at {_at(kept.stored)}"
@@ -238,4 +245,13 @@ def _at(when: datetime) -> str:
     return when.astimezone(UTC).strftime("%Y-%m-%d %H:%M:%S.%f")[:-3] + " UTC"
 
 
-__all__ = ["DUPLICATE", "FIRST", "SeenIds", "Taken", "duplicate_reasons", "micros", "taken_until"]
+__all__ = [
+    "DUPLICATE",
+    "FIRST",
+    "SeenIds",
+    "Taken",
+    "duplicate_reasons",
+    "from_micros",
+    "micros",
+    "taken_until",
+]

@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 
 import numpy as np
 import pyarrow as pa
@@ -30,7 +30,7 @@ from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import Layout
-from engine.stamp.dedup import SeenIds, Taken, duplicate_reasons, taken_until
+from engine.stamp.dedup import SeenIds, Taken, duplicate_reasons, from_micros, taken_until
 from engine.stamp.transform import check, stamped
 from schemas import QUARANTINE, SCHEDULE, column_names
 
@@ -159,7 +159,7 @@ class StampWriter:
             .aggregate([("store_ts", "max"), ("until", "max")])
         )
         return {
-            msg_id: Taken(stored, _from_micros(int(us)))
+            msg_id: Taken(stored, from_micros(int(us)))
             for msg_id, stored, us in zip(
                 latest["msg_id"].to_pylist(),
                 latest["store_ts_max"].to_pylist(),
@@ -212,10 +212,6 @@ def seen_ids(spark: SparkSession, schedule: str, batch_id: int, since: datetime)
     )
     seen.add(rows[ID_HASH].to_numpy(), taken_until(rows))
     return seen
-
-
-def _from_micros(us: int) -> datetime:
-    return datetime(1970, 1, 1, tzinfo=UTC) + timedelta(microseconds=us)
 
 
 def highest_batch(spark: SparkSession, path: str) -> int:

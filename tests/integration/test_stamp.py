@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from typing import Any
 
 import pytest
 from chispa import assert_df_equality
@@ -136,12 +137,16 @@ def test_a_replayed_batch_decides_its_duplicates_the_same_way(
     assert stored(spark, lay.quarantine) == [("A", 1)]
 
 
+def short_window(spark: SparkSession, make_cfg: object) -> tuple[EngineConfig, Any, FakeClock]:
+    """A lakehouse whose ids stay taken 3 s (the longest test level), and a clock."""
+    cfg = make_cfg(dedup_window_ms=3_000)  # type: ignore[operator]
+    return cfg, ensure_tables(spark, cfg), FakeClock(T0)
+
+
 def test_ids_older_than_the_dedup_window_are_stamped_again(
     spark: SparkSession, make_cfg: object
 ) -> None:
-    cfg = make_cfg(dedup_window_ms=3_000)  # type: ignore[operator]
-    lay = ensure_tables(spark, cfg)
-    clock = FakeClock(T0)
+    cfg, lay, clock = short_window(spark, make_cfg)
     writer = StampWriter(cfg, lay, clock)
     writer(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
     clock.advance(seconds=10)
@@ -166,9 +171,7 @@ def test_a_copy_stamped_long_after_it_was_stored_is_still_a_duplicate(
 ) -> None:
     # The stamping stream fell 40 minutes behind (a backlog after downtime): the ids the
     # batch needs must not be forgotten when the writer trims its memory.
-    cfg = make_cfg(dedup_window_ms=3_000)  # type: ignore[operator]
-    lay = ensure_tables(spark, cfg)
-    clock = FakeClock(T0)
+    cfg, lay, clock = short_window(spark, make_cfg)
     writer = StampWriter(cfg, lay, clock)
     writer(commitlog_rows(spark, [("X", "orders", b"1", None)]), 0)
     clock.advance(seconds=40 * 60)
