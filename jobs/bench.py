@@ -47,7 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = config_from_args(args)
         spark = build_spark(cfg)
-        bench = Bench(spark, cfg, PLANS[args.mode], Path(args.out))
+        passed = ["--conf", args.conf] if args.conf else []
+        passed += [item for value in args.set for item in ("--set", value)]
+        bench = Bench(spark, cfg, PLANS[args.mode], Path(args.out), engine_args=passed)
         print(f"delayq bench ({args.mode}): {', '.join(chosen)}")
         results = bench.run(chosen)
     except DelayQError as err:

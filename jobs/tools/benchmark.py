@@ -17,7 +17,10 @@ Workloads:
 * ``spike``: N messages due at the same instant, plus messages due one second later;
 * ``fanout``: a fixed rate spread over 1, 10, 100 topics;
 * ``ahead``: the first two steady rates with timers due 10-13 s after they are sent (stamped
-  well ahead: lateness is the delivery stage's alone).
+  well ahead: lateness is the delivery stage's alone);
+* ``restart``: 0 .. N timers waiting days ahead and 1,000 messages due (sent, not stamped, as
+  a crash leaves them); then a new engine process, launched as ``make engine`` does: the
+  seconds from its launch to its first delivered round.
 """
 
 from __future__ import annotations
@@ -27,7 +30,10 @@ import logging
 import os
 import platform
 import shutil
+import signal
 import statistics
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -59,6 +65,10 @@ TIMER_SPREAD_MS = 3000
 AHEAD_MS = 10_000
 #: A step has fallen behind when its p99 lateness passes this, or messages are missing.
 BEHIND_P99_MS = 10_000
+#: Messages due when the ``restart`` workload launches its engine process.
+RESTART_DUE = 1_000
+#: How long the ``restart`` workload waits for the new engine's first delivered round.
+RESTART_TIMEOUT_S = 600
 
 
 @dataclass(frozen=True)
@@ -230,6 +240,39 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _tree_rss_mb(pid: int) -> float:
+    """Resident size of a process and its descendants (a spark-submit JVM and its Python)."""
+    total, todo = 0.0, [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            total += _rss_mb(current)
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return total
+
+
+def _delivered_rows(log_dir: Path, before: set[Path]) -> int:
+    """Rows added by delivery commits in a topic table's Delta log (no Spark), except the
+    commits in ``before``."""
+    rows = 0
+    for commit in sorted(set(log_dir.glob("*.json")) - before) if log_dir.exists() else ():
+        try:
+            entries = [json.loads(line) for line in commit.read_text().splitlines() if line]
+        except (OSError, ValueError):  # being written
+            continue
+        info: dict[str, Any] = next((e["commitInfo"] for e in entries if "commitInfo" in e), {})
+        if str(info.get("userMetadata", "")).startswith("delayq round "):
+            rows += sum(
+                int(json.loads(e["add"].get("stats") or "{}").get("numRecords", 0))
+                for e in entries
+                if "add" in e
+            )
+    return rows
+
+
 # --------------------------------------------------------------------------- measuring
 
 
@@ -370,6 +413,8 @@ class Bench:
     out_dir: Path
     say: Callable[[str], None] = print
     results: dict[str, Any] = field(default_factory=dict)
+    #: ``--conf``/``--set`` arguments the bench was given, passed on to engine processes.
+    engine_args: Sequence[str] = ()
 
     def __post_init__(self) -> None:
         self.memory = MemorySampler(self.spark)
@@ -377,10 +422,11 @@ class Bench:
         self.stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
         self.lake_root = self.out_dir / f"lakehouse-{self.stamp}"
 
-    def cfg(self, name: str) -> EngineConfig:
-        """A config on a fresh lakehouse for one workload."""
+    def cfg(self, name: str, fresh: bool = True) -> EngineConfig:
+        """A config on a lakehouse for one workload: a fresh one unless ``fresh`` is false."""
         path = self.lake_root / name
-        shutil.rmtree(path, ignore_errors=True)
+        if fresh:
+            shutil.rmtree(path, ignore_errors=True)
         return self.base.with_overrides(
             lakehouse=str(path),
             levels=parse_levels(BENCH_LEVELS),
@@ -527,6 +573,113 @@ class Bench:
                 send_df(self.spark, cfg, far)
             Engine(self.spark, cfg, out=lambda line: log.info(line)).open().stamp_available()
         return round(time.monotonic() - started, 1)
+
+    def restart(self) -> list[dict[str, Any]]:
+        """A new engine process on 0 .. N timers pending days ahead: launch to first round.
+
+        Before the launch, :data:`RESTART_DUE` messages due now are sent but not stamped (as
+        a crash leaves them), so the first round needs a stamping batch first, with the
+        deduplication index rebuilt from ``schedule``. The backlog workload's lakehouses are
+        reused when it ran first. The engine runs as ``make engine`` runs it (``spark-submit``
+        with the default driver memory) and gets SIGTERM once all of them are visible; its exit
+        code and peak memory are recorded.
+        """
+        runs = []
+        for size in self.plan.backlogs:
+            self.say(f"restart: {size:,} timers 2 days ahead, {RESTART_DUE:,} due; new engine")
+            if (self.lake_root / f"backlog-{size}").exists():  # the backlog run's, kept
+                cfg, loaded = self.cfg(f"backlog-{size}", fresh=False), None
+            else:
+                cfg = self.cfg(f"restart-{size}")
+                loaded = self.preload(cfg, size)
+            due = load_frame(self.spark, RESTART_DUE, "restart", 1, SystemClock().now(), 1.0)
+            send_df(self.spark, cfg, due.withColumn("deliver_at", F.current_timestamp()))
+            run = self._launch_until_delivered(cfg, "bench_0", RESTART_DUE)
+            run.update(backlog=size, preload_seconds=loaded)
+            run.update(lateness(visible_rows(self.spark, cfg, "restart"), RESTART_DUE))
+            runs.append(run)
+            self.say(
+                f"  first round {run['first_round_s']} s after launch (session ready "
+                f"{run['session_s']} s), all {run['delivered']:,} visible {run['all_visible_s']} s"
+                f" | early {run['early']} dup {run['duplicates']} missing {run['missing']} | "
+                f"exit {run['exit_code']}, peak RSS {run['peak_rss_mb']} MB"
+            )
+        return runs
+
+    def _launch_until_delivered(self, cfg: EngineConfig, topic: str, rows: int) -> dict[str, Any]:
+        """Launch ``jobs/delay_engine.py`` on ``cfg``, stop it once ``rows`` are in ``topic``."""
+        from engine.lakehouse.session import REPO_ROOT
+
+        submit = Path(sys.executable).parent / "spark-submit"
+        command = [
+            str(submit if submit.exists() else "spark-submit"),
+            "--properties-file",
+            str(REPO_ROOT / ".jars" / "spark-defaults.conf"),
+            str(REPO_ROOT / "jobs" / "delay_engine.py"),
+            "--max-seconds",
+            str(RESTART_TIMEOUT_S),
+            *self.engine_args,
+            "--set",
+            f"lakehouse.path={cfg.lakehouse_path}",
+            "--set",
+            f"levels.delays={BENCH_LEVELS}",
+            "--set",
+            "sql.register_tables=false",
+            "--set",
+            f"lakehouse.database={cfg.database}",
+        ]
+        log_dir = Path(layout(cfg).topic(topic)) / "_delta_log"
+        before = set(log_dir.glob("*.json")) if log_dir.exists() else set()
+        log_path = self.out_dir / f"{self.stamp}-{Path(cfg.lakehouse_path).name}-engine.log"
+        launched_ms = int(time.time() * 1000)
+        started = time.monotonic()
+        with log_path.open("w") as engine_log:
+            process = subprocess.Popen(
+                command, stdout=subprocess.PIPE, stderr=engine_log, text=True, cwd=REPO_ROOT
+            )
+            lines: list[tuple[float, str]] = []
+            reader = threading.Thread(
+                target=lambda: lines.extend(
+                    (time.monotonic() - started, line.rstrip()) for line in process.stdout or ()
+                ),
+                daemon=True,
+            )
+            reader.start()
+            peak_rss = 0.0
+            delivered = False
+            while process.poll() is None and time.monotonic() - started < RESTART_TIMEOUT_S:
+                peak_rss = max(peak_rss, _tree_rss_mb(process.pid))
+                if _delivered_rows(log_dir, before) >= rows:
+                    delivered = True
+                    break
+                time.sleep(0.2)
+            process.send_signal(signal.SIGTERM)
+            try:
+                exit_code = process.wait(timeout=120)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                exit_code = process.wait()
+            reader.join(timeout=10)
+        if not delivered:
+            self.say(f"  the engine did not deliver them; its output: {log_path}")
+        commits = [
+            int(r[1])
+            for r in commit_times(self.spark, layout(cfg).topic(topic)).collect()
+            if int(r[1]) >= launched_ms
+        ]
+        visible = visible_rows(self.spark, cfg, "restart").agg(F.max("visible_ms")).first()
+        session = next((t for t, line in lines if line.startswith("delayq: lakehouse")), None)
+        return {
+            "first_round_s": round((min(commits) - launched_ms) / 1000, 2) if commits else None,
+            "all_visible_s": (
+                round((visible[0] - launched_ms) / 1000, 2) if visible and visible[0] else None
+            ),
+            "session_s": round(session, 2) if session is not None else None,
+            "exit_code": exit_code,
+            "peak_rss_mb": round(peak_rss),
+            "driver_memory": "spark-submit default",
+            "engine_output": [f"{t:7.2f} s  {line}" for t, line in lines[:30]],
+        }
 
     def spike(self) -> dict[str, Any]:
         """``spike`` messages due at one instant T, and 1,000 due at T + 1 s."""
@@ -774,7 +927,12 @@ class Bench:
         try:
             self.warm_up()
             for name in workloads:
-                self.results["workloads"][name] = getattr(self, name)()
+                try:
+                    self.results["workloads"][name] = getattr(self, name)()
+                except Exception as err:  # one failing workload must not lose the others
+                    log.exception("workload %s failed", name)
+                    self.say(f"{name}: failed: {type(err).__name__}: {str(err)[:300]}")
+                    self.results["workloads"][name] = {"error": f"{type(err).__name__}: {err}"}
         finally:
             self.memory.stop()
             self.results["seconds"] = round(time.monotonic() - started)
@@ -835,7 +993,7 @@ def table(results: dict[str, Any]) -> str:
         f"{'workload':<22}{'msg/s':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'max ms':>9}"
         f"{'early':>6}{'dup':>5}{'miss':>6}{'round s':>9}{'files':>7}{'heap MB':>9}"
     ]
-    work = results["workloads"]
+    work = _succeeded(results["workloads"])
     rows: list[tuple[str, dict[str, Any]]] = []
     rows += [(f"steady {r['rate_target']:,}/s", r) for r in work.get("steady", [])]
     rows += [(f"ahead {r['rate_target']:,}/s", r) for r in work.get("ahead", [])]
@@ -873,7 +1031,22 @@ def table(results: dict[str, Any]) -> str:
             f"{wake['wake_ms_p50']} ms (p50), {wake['wake_ms_p95']} ms (p95), "
             f"{wake['wake_ms_max']} ms (max) after it ({wake['returned']}/{wake['messages']})"
         )
+    for r in work.get("restart", []):
+        lines.append(
+            f"restart with {r['backlog']:,} pending: first round {r['first_round_s']} s after "
+            f"launch (session {r['session_s']} s), {r['delivered']:,}/{RESTART_DUE:,} visible "
+            f"by {r['all_visible_s']} s (early {r['early']}, dup {r['duplicates']}, missing "
+            f"{r['missing']}); exit {r['exit_code']}, peak RSS {r['peak_rss_mb']:,} MB"
+        )
+    for name, failed in results["workloads"].items():
+        if isinstance(failed, dict) and "error" in failed:
+            lines.append(f"{name}: failed: {failed['error'][:200]}")
     return "\n".join(lines)
+
+
+def _succeeded(work: dict[str, Any]) -> dict[str, Any]:
+    """The workloads that ran to the end (a failed one holds ``{"error": ...}``)."""
+    return {k: v for k, v in work.items() if not (isinstance(v, dict) and "error" in v)}
 
 
 def _n(value: object) -> str:
@@ -891,7 +1064,7 @@ def chart(results: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    work = results["workloads"]
+    work = _succeeded(results["workloads"])
     fig, axes = plt.subplots(2, 2, figsize=(12, 8))
     settings = results["settings"]
     fig.suptitle(
@@ -913,9 +1086,9 @@ def chart(results: dict[str, Any], path: Path) -> None:
         lateness_panel(ax, work["steady"], "rate_achieved", "achieved msg/s")
         ax.set_xscale("log")
         ax.set_title("steady: lateness by rate")
-    if work.get("backlog"):
+    if work.get("backlog") or work.get("restart"):
         ax = axes[0][1]
-        runs = work["backlog"]
+        runs = work.get("backlog", [])
         xs = [max(r["backlog"], 1) for r in runs]
         ax.plot(
             xs,
@@ -925,6 +1098,13 @@ def chart(results: dict[str, Any], path: Path) -> None:
         )
         ax.plot(
             xs, [(r["late_p99_ms"] or 0) / 1000 for r in runs], marker="o", label="lateness p99 (s)"
+        )
+        restarts = work.get("restart", [])
+        ax.plot(
+            [max(r["backlog"], 1) for r in restarts],
+            [r["first_round_s"] or 0 for r in restarts],
+            marker="s",
+            label="restart: launch to first round (s)",
         )
         ax.set_xscale("log")
         ax.set_xlabel("messages waiting days ahead")
@@ -953,6 +1133,6 @@ def chart(results: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-WORKLOADS = ("steady", "ahead", "backlog", "spike", "fanout", "wakeup", "kafka")
+WORKLOADS = ("steady", "ahead", "backlog", "restart", "spike", "fanout", "wakeup", "kafka")
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]
