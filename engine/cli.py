@@ -29,7 +29,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -38,6 +37,7 @@ from pyspark.sql import functions as F
 
 from engine.core.config import EngineConfig, load_config, parse_override
 from engine.core.errors import DelayQError, InvalidMessageError
+from engine.run.report import run_main, setup_logging
 
 DEMO_TOPICS = ("orders", "notifications")
 DEMO_MAX_LEVEL = 4  # 30 s with the default table: the demo ends within a minute
@@ -527,19 +527,11 @@ COMMANDS = {
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``delayq``; returns the process exit code."""
-    logging.basicConfig(
-        level=logging.WARNING, format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
     args = _parser().parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-        return COMMANDS[args.command](args, cfg)
-    except DelayQError as err:
-        print(f"delayq: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("delayq: interrupted", file=sys.stderr)
-        return 130
+    log_file = setup_logging("delayq")
+    return run_main(
+        "delayq", lambda: COMMANDS[args.command](args, config_from_args(args)), log_file
+    )
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ until Ctrl-C (or, with ``--until-idle``, until nothing is pending), from the rep
 
 Options: ``--conf FILE``, ``--set key=value`` (repeatable), ``--until-idle``,
 ``--max-seconds S``, ``--demo``. ``--properties-file`` (written by ``make jars``) puts Delta
-on ``spark.jars``. Ctrl-C or SIGTERM stops the engine cleanly (exit 0).
+on ``spark.jars``. Ctrl-C or SIGTERM stops the engine cleanly (exit 0). Exit 2 is a mistake
+in configuration or set-up (one line saying what), 70 a bug (one line naming the log file).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import argparse
 import sys
 
 from engine.cli import add_run_arguments, cmd_run, config_from_args
-from engine.core.errors import DelayQError
+from engine.run.report import run_main, setup_logging
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,14 +32,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
     add_run_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        return cmd_run(args, config_from_args(args))
-    except DelayQError as err:
-        print(f"delay_engine: error: {err}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # before the engine ran (it stops cleanly itself)
-        print("delay_engine: interrupted", file=sys.stderr)
-        return 130
+    log_file = setup_logging("delay_engine")
+    # A mistake: one line, exit 2; Ctrl-C before the engine runs: exit 130 (it stops cleanly
+    # itself once running); a bug: one line naming the log file with the traceback, exit 70.
+    return run_main("delay_engine", lambda: cmd_run(args, config_from_args(args)), log_file)
 
 
 if __name__ == "__main__":

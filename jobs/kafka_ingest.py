@@ -24,6 +24,7 @@ from engine.cli import config_from_args
 from engine.core.errors import DelayQError
 from engine.lakehouse.session import build_spark
 from engine.produce.kafka_ingest import start_ingest
+from engine.run.report import run_main, setup_logging
 from engine.run.signals import StopSignals
 
 
@@ -39,32 +40,31 @@ def main(argv: list[str] | None = None) -> int:
         "--available-now", action="store_true", help="read what is in Kafka now, then stop"
     )
     args = parser.parse_args(argv)
-    try:
-        cfg = config_from_args(args)
-        with StopSignals() as signals:  # Ctrl-C / SIGTERM: stop the stream, not the JVM
-            signals.install()
-            spark = build_spark(cfg)
-            signals.install(spark)
-            query = start_ingest(
-                spark,
-                cfg,
-                available_now=args.available_now,
-                out=lambda line: print(line, flush=True),
-            )
-            topics = ", ".join(cfg.kafka_ingest_topics)
-            print(
-                f"kafka_ingest: {cfg.kafka_bootstrap} [{topics}] -> {cfg.lakehouse_path}/commitlog"
-            )
-            while query.isActive and not signals.requested.wait(0.5):
-                pass
-            if signals.requested.is_set():
-                print("kafka_ingest: stopping")
-                query.stop()
-        if query.exception() is not None:
-            raise DelayQError(f"ingest stream failed: {query.exception()}")
-    except DelayQError as err:
-        print(f"kafka_ingest: error: {err}", file=sys.stderr)
-        return 2
+    log_file = setup_logging("kafka_ingest")
+    return run_main("kafka_ingest", lambda: _ingest(args), log_file)
+
+
+def _ingest(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    with StopSignals() as signals:  # Ctrl-C / SIGTERM: stop the stream, not the JVM
+        signals.install()
+        spark = build_spark(cfg)
+        signals.install(spark)
+        query = start_ingest(
+            spark,
+            cfg,
+            available_now=args.available_now,
+            out=lambda line: print(line, flush=True),
+        )
+        topics = ", ".join(cfg.kafka_ingest_topics)
+        print(f"kafka_ingest: {cfg.kafka_bootstrap} [{topics}] -> {cfg.lakehouse_path}/commitlog")
+        while query.isActive and not signals.requested.wait(0.5):
+            pass
+        if signals.requested.is_set():
+            print("kafka_ingest: stopping")
+            query.stop()
+    if query.exception() is not None:
+        raise DelayQError(f"ingest stream failed: {query.exception()}")
     return 0
 
 

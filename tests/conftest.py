@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Iterator
 
@@ -12,7 +13,14 @@ from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
 from engine.lakehouse.session import build_spark
+from engine.run.report import LOG_DIR_ENV
 from tests.support.lakehouse import START, TEST_SPARK_CONF
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _log_dir(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Log files of the run's programs (and their child processes) in the run's temp folder."""
+    os.environ[LOG_DIR_ENV] = str(tmp_path_factory.mktemp("logs"))
 
 
 @pytest.fixture(scope="session")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -13,7 +14,9 @@ from pyspark.sql import SparkSession
 
 from engine.lakehouse.catalog import register_all
 from engine.lakehouse.layout import layout
+from engine.lakehouse.session import REPO_ROOT
 from engine.produce.send import Message, send_many
+from engine.run.report import LOG_DIR_ENV
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 from tests.support.process import PROPS, VENV_BIN, engine_args, start, wait_for
 
@@ -101,6 +104,31 @@ def test_ctrl_c_and_sigterm_stop_cleanly(
     # after stopping, a line says what was delivered
     after = output.split("stopping cleanly", 1)[1]
     assert any("delivered" in line for line in after.splitlines())
+
+
+def test_a_bug_shows_one_line_naming_the_log_file_with_the_traceback(
+    make_cfg: Any, tmp_path: Path
+) -> None:
+    logs = tmp_path / "logs"
+    done = subprocess.run(
+        [sys.executable, "-m", "tests.support.buggy_cli", "status", *engine_args(make_cfg())],
+        capture_output=True,
+        text=True,
+        env={**os.environ, LOG_DIR_ENV: str(logs)},
+        cwd=REPO_ROOT,
+        timeout=300,
+    )
+    output = done.stdout + done.stderr
+    assert done.returncode == 70, output[-3000:]
+    (report,) = [line for line in done.stderr.splitlines() if "internal error" in line]
+    expected = 'delayq: internal error (a bug): NumberFormatException: For input string: "not a'
+    assert report.startswith(expected), report
+    assert "Traceback" not in output and "\tat " not in output, output[-3000:]
+    (log_file,) = logs.glob("delayq-*.log")
+    assert f"the traceback is in {log_file}" in report
+    trace = log_file.read_text()
+    assert "Traceback (most recent call last)" in trace and "in _broken" in trace
+    assert "JVM stack trace:" in trace and "java.lang.Integer.parseInt(" in trace
 
 
 @pytest.mark.parametrize("attempt", [1, 2])
