@@ -34,7 +34,8 @@ from schemas import TOPIC, column_names
 #: The columns a round needs of rows it does not deliver (counted for its progress only).
 SUMMARY_COLUMNS = ("topic", "queue_id", "stamp_batch", "deliver_ts")
 
-_TS = pa.timestamp("us", tz="UTC")
+#: The Arrow type of the tables' timestamps (Spark's precision, UTC).
+TS = pa.timestamp("us", tz="UTC")
 
 
 @dataclass(frozen=True)
@@ -49,13 +50,13 @@ class Window:
     def due(self) -> ds.Expression:
         """Rows this round delivers (before cancels and reschedules take theirs out)."""
         deliver, batch = ds.field("deliver_ts"), ds.field("stamp_batch")
-        until, after = pa.scalar(self.until, _TS), pa.scalar(self.after, _TS)
+        until, after = pa.scalar(self.until, TS), pa.scalar(self.after, TS)
         return (deliver <= until) & ((deliver > after) | (batch > self.stamped_after))
 
     def new_not_due(self) -> ds.Expression:
         """Rows stamped since the last round that are not due yet (counted, not delivered)."""
         return (ds.field("stamp_batch") > self.stamped_after) & (
-            ds.field("deliver_ts") > pa.scalar(self.until, _TS)
+            ds.field("deliver_ts") > pa.scalar(self.until, TS)
         )
 
 
@@ -137,7 +138,7 @@ def removed_marks(
     chosen = (
         (ds.field("round") < before_round)
         & ds.field("result").isin(list(removing))
-        & (ds.field("deliver_ts") > pa.scalar(after, _TS))
+        & (ds.field("deliver_ts") > pa.scalar(after, TS))
     )
     found = results.to_table(filter=chosen, columns=["msg_id", "revision"])
     pairs = zip(found["msg_id"].to_pylist(), found["revision"].to_pylist(), strict=True)
@@ -153,7 +154,7 @@ def _summary(
 ) -> list[dict[str, Any]]:
     if rows.num_rows == 0:
         return []
-    micros = pc.cast(pc.cast(rows["deliver_ts"], _TS), pa.int64())  # exact, unlike floats
+    micros = pc.cast(pc.cast(rows["deliver_ts"], TS), pa.int64())  # exact, unlike floats
     keyed = pa.table(
         {
             "topic": rows["topic"],
@@ -201,7 +202,7 @@ def topic_tables(rows: pa.Table) -> dict[str, pa.Table]:
 def to_topic_rows(due: pa.Table, delivered_ts: datetime, round_: int) -> pa.Table:
     """Shape due ``schedule`` rows as topic-table rows (``TOPIC``'s columns, in its order)."""
     extra: Mapping[str, pa.Array] = {
-        "delivered_ts": pa.repeat(pa.scalar(delivered_ts, _TS), due.num_rows),
+        "delivered_ts": pa.repeat(pa.scalar(delivered_ts, TS), due.num_rows),
         "delivery_round": pa.repeat(pa.scalar(round_, pa.int64()), due.num_rows),
     }
     names = column_names(TOPIC)
@@ -210,6 +211,7 @@ def to_topic_rows(due: pa.Table, delivered_ts: datetime, round_: int) -> pa.Tabl
 
 __all__ = [
     "SUMMARY_COLUMNS",
+    "TS",
     "Candidates",
     "Window",
     "read_candidates",

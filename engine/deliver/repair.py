@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
+import pyarrow as pa
+import pyarrow.dataset as ds
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -23,6 +25,8 @@ from pyspark.sql import functions as F
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.deliver.checkpoint import Plan, Progress
+from engine.deliver.due import TS
+from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import latest_version, list_topics
 from engine.lakehouse.fs import hadoop_path
 from engine.lakehouse.layout import Layout
@@ -37,8 +41,8 @@ def check_checkpoints(
         CheckpointError: saying which checkpoint is missing and what to do.
     """
     offsets, fs = hadoop_path(spark, layout.checkpoint("stamp") + "/offsets")
-    stamped = not spark.read.format("delta").load(layout.schedule).isEmpty()
-    if stamped and not fs.exists(offsets):
+    # Looks at schedule (a Spark job) only when the checkpoint is missing.
+    if not fs.exists(offsets) and not spark.read.format("delta").load(layout.schedule).isEmpty():
         raise CheckpointError(
             f"{layout.schedule} holds stamped rows but the stamping checkpoint "
             f"{layout.checkpoint('stamp')} is missing: restore it, or start from an "
@@ -77,12 +81,14 @@ def correct_deliver_timestamps(
     limits = [
         (q, now + timedelta(milliseconds=levels.delay_ms(q))) for q in range(levels.max_level + 1)
     ]
+    beyond = now + timedelta(milliseconds=levels.delay_ms(levels.max_level))
+    if not _any_too_late(layout, limits, levels.max_level, beyond, floor):
+        return 0  # the usual start: an Arrow look at the files' statistics, no Spark job
     too_late = F.lit(False)
     for queue_id, limit in limits:
         too_late = too_late | (
             (F.col("queue_id") == queue_id) & (F.col("deliver_ts") > F.lit(limit))
         )
-    beyond = now + timedelta(milliseconds=levels.delay_ms(levels.max_level))
     too_late = too_late | (
         (F.col("queue_id") > levels.max_level) & (F.col("deliver_ts") > F.lit(beyond))
     )
@@ -95,3 +101,25 @@ def correct_deliver_timestamps(
     if last is None or last["version"] == before or last["operation"] != "UPDATE":
         return 0
     return int(last["operationMetrics"].get("numUpdatedRows", "0"))
+
+
+def _any_too_late(
+    layout: Layout,
+    limits: list[tuple[int, datetime]],
+    max_level: int,
+    beyond: datetime,
+    floor: datetime,
+) -> bool:
+    """Whether any ``schedule`` row is due later than its level allows (and after ``floor``):
+    the same condition as the update's, read with delta-rs; files whose statistics rule it
+    out are skipped, so a backlog of far-ahead timers (queue -1) costs nothing."""
+    table = ArrowDelta(layout.schedule)
+    version = table.latest()
+    if version < 0:
+        return False
+    queue, deliver = ds.field("queue_id"), ds.field("deliver_ts")
+    too_late = (queue > max_level) & (deliver > pa.scalar(beyond, TS))
+    for queue_id, limit in limits:
+        too_late = too_late | ((queue == queue_id) & (deliver > pa.scalar(limit, TS)))
+    too_late = too_late & (deliver > pa.scalar(floor, TS))
+    return bool(table.dataset(version).count_rows(filter=too_late) > 0)

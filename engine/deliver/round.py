@@ -45,8 +45,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+import pyarrow.dataset as ds
 from pyspark.sql import SparkSession
-from pyspark.sql import functions as F
 
 from engine.core.clock import Clock, from_millis, to_micros
 from engine.core.config import EngineConfig
@@ -159,6 +159,7 @@ class Delivery:
         self._results = ArrowDelta(layout.command_results)
         self._commands = VersionTracker(spark, layout.commands)
         self._open_commands = True  # unknown until the first round looks
+        self._no_commands_until = -1  # the commands table held none up to this version
         self._sent_ids: set[str] = set()  # commands' ids known to be in commitlog
         self._any_removed = True  # until open() looks
         self._opened = False
@@ -171,11 +172,16 @@ class Delivery:
             q.stamped_total for q in self.progress.queues.values()
         ):
             self.progress = count_stamped(self.spark, self.layout, self.progress)
-        self._any_removed = not (
-            self.spark.read.format("delta")
-            .load(self.layout.command_results)
-            .where(F.col("result").isin(*REMOVING))
-            .isEmpty()
+        # delta-rs, no Spark job at start: is there any command, any removed row?
+        commands = ArrowDelta(self.layout.commands)
+        version = commands.latest()
+        self._open_commands = version >= 0 and commands.dataset(version).count_rows() > 0
+        # No command up to this version: a later one is the first worth a look.
+        self._no_commands_until = -1 if self._open_commands else version
+        version = self._results.latest()
+        removing = ds.field("result").isin(list(REMOVING))
+        self._any_removed = (
+            version >= 0 and self._results.dataset(version).count_rows(filter=removing) > 0
         )
         return self
 
@@ -273,7 +279,7 @@ class Delivery:
 
     def _resolve_commands(self, prev: Progress, plan: Plan) -> Resolution | None:
         """Decide the open commands from the round's snapshots (``None``: there are none)."""
-        new = plan.commands_version > prev.commands_version
+        new = plan.commands_version > max(prev.commands_version, self._no_commands_until)
         if plan.commands_version < 0 or not (new or self._open_commands or self.pending):
             return None  # (a plan written before commands existed pins no version)
         commands = open_commands(self.spark, self.layout, plan.commands_version, plan.round)

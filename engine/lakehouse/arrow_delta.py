@@ -36,7 +36,7 @@ from deltalake import (
 )
 from deltalake.exceptions import TableNotFoundError
 
-from engine.lakehouse.delta_log import Txn
+from engine.lakehouse.delta_log import Txn, delta_uri
 
 log = logging.getLogger(__name__)
 
@@ -51,21 +51,14 @@ _READ_OPTIONS = ds.ParquetReadOptions(coerce_int96_timestamp_unit="us")
 _SAMPLE_ROWS = 1000
 
 
-def delta_uri(path: str) -> str:
-    """The delta-rs address of a local lakehouse path (``file:`` prefixes dropped).
-
-    ``lakehouse.path`` is local (the configuration refuses other schemes): on an object store
-    delta-rs's commits and Spark's would not share a commit protocol.
+def columns(path: str) -> list[str]:
+    """The column names of the Delta table at ``path``, from its log (no Spark job).
 
     Example:
-        >>> delta_uri("file:///lake/schedule"), delta_uri("/lake/schedule")
-        ('/lake/schedule', '/lake/schedule')
+        >>> columns("/lake/commands")  # doctest: +SKIP
+        ['cmd_id', 'action', 'msg_id', ...]
     """
-    if path.startswith("file://"):
-        return path[len("file://") :]
-    if path.startswith("file:"):
-        return path[len("file:") :]
-    return path
+    return [f.name for f in DeltaTable(delta_uri(path)).schema().fields]
 
 
 class ArrowDelta:

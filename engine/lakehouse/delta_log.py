@@ -27,7 +27,8 @@ from delta.exceptions import (
     MetadataChangedException,
     ProtocolChangedException,
 )
-from delta.tables import DeltaTable
+from deltalake import DeltaTable
+from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 
 from engine.core.config import EngineConfig
@@ -123,9 +124,29 @@ def table_exists(spark: SparkSession, path: str) -> bool:
 
 
 def latest_version(spark: SparkSession, path: str) -> int:
-    """The latest committed version of a Delta table (asks Delta: a few hundred ms)."""
-    row = DeltaTable.forPath(spark, path).history(1).select("version").first()
-    return int(row[0]) if row else -1
+    """The latest committed version of a Delta table, -1 when there is none (delta-rs reads
+    the log in milliseconds; Spark's ``history`` took seconds in a fresh JVM)."""
+    try:
+        return int(DeltaTable(delta_uri(path)).version())
+    except TableNotFoundError:
+        return -1
+
+
+def delta_uri(path: str) -> str:
+    """The delta-rs address of a local lakehouse path (``file:`` prefixes dropped).
+
+    ``lakehouse.path`` is local (the configuration refuses other schemes): on an object store
+    delta-rs's commits and Spark's would not share a commit protocol.
+
+    Example:
+        >>> delta_uri("file:///lake/schedule"), delta_uri("/lake/schedule")
+        ('/lake/schedule', '/lake/schedule')
+    """
+    if path.startswith("file://"):
+        return path[len("file://") :]
+    if path.startswith("file:"):
+        return path[len("file:") :]
+    return path
 
 
 def table_id(spark: SparkSession, path: str) -> str:

@@ -21,6 +21,7 @@ from pyspark.sql.types import StructType
 
 from engine.core.config import EngineConfig
 from engine.core.errors import SetupError
+from engine.lakehouse.arrow_delta import columns
 from engine.lakehouse.delta_log import table_exists
 from engine.lakehouse.layout import Layout, layout
 from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, CONSUMER_LOG, QUARANTINE, SCHEDULE, TOPIC
@@ -78,7 +79,7 @@ def _add_missing_columns(spark: SparkSession, path: str, schema: StructType, mig
     Only the engine migrates, at start, before its streams read the tables; a producer
     that finds an old table fails with a clear message instead.
     """
-    present = set(spark.read.format("delta").load(path).columns)
+    present = set(columns(path))
     missing = [f for f in schema.fields if f.name not in present]
     if missing and not migrate:
         names = ", ".join(f.name for f in missing)
@@ -87,8 +88,8 @@ def _add_missing_columns(spark: SparkSession, path: str, schema: StructType, mig
             "(make run, or jobs/delay_engine.py) to upgrade the lakehouse"
         )
     if missing:
-        columns = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
-        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({columns})")
+        added = ", ".join(f"`{f.name}` {f.dataType.simpleString()}" for f in missing)
+        spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS ({added})")
 
 
 def ensure_tables(spark: SparkSession, cfg: EngineConfig, migrate: bool = True) -> Layout:

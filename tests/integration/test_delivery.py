@@ -275,6 +275,20 @@ def test_missing_delivery_checkpoint_refuses_to_start(
         Engine(spark, cfg, clock, out=lambda _: None).open()
 
 
+def test_missing_stamping_checkpoint_refuses_to_start(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    import shutil
+
+    from engine.core.errors import CheckpointError
+
+    send_many(spark, cfg, [Message("orders", "a")], clock)
+    Engine(spark, cfg, clock, out=lambda _: None).step()
+    shutil.rmtree(layout(cfg).checkpoint("stamp"))
+    with pytest.raises(CheckpointError, match="schedule every message twice"):
+        Engine(spark, cfg, clock, out=lambda _: None).open()
+
+
 def test_a_failed_commit_never_reuses_a_round_number(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
