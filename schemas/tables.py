@@ -60,6 +60,8 @@ COMMITLOG = StructType(_MESSAGE)
 #: ``stamp_batch`` is the stamping micro-batch that wrote the row. ``revision`` is 0 for a
 #: stamped row and n for the row written by a message's n-th reschedule (null in rows
 #: stamped before rescheduling existed: read it as 0). ``(msg_id, revision)`` names a row.
+#: ``msg_id_hash`` is Spark's ``xxhash64(msg_id)``, the key of the deduplication index, kept
+#: so that a restart rebuilds the index from two numeric columns (null in older rows).
 SCHEDULE = StructType(
     _MESSAGE
     + _fields(
@@ -68,6 +70,7 @@ SCHEDULE = StructType(
         ("stamp_batch", LongType()),
         ("stamped_ts", TimestampType()),
         ("revision", IntegerType()),
+        ("msg_id_hash", LongType()),
     )
 )
 

@@ -73,6 +73,7 @@ def stamped(checked: DataFrame, cfg: EngineConfig, batch_id: int, now: datetime)
         F.lit(batch_id).cast("long").alias("stamp_batch"),
         F.lit(now).alias("stamped_ts"),
         F.lit(0).alias("revision"),
+        F.xxhash64("msg_id").alias("msg_id_hash"),
         F.col("reason"),
     )
 

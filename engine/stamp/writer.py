@@ -35,8 +35,8 @@ from engine.stamp.transform import check, stamped
 from schemas import QUARANTINE, SCHEDULE, column_names
 
 STAMP_APP_ID = "delayq-stamp"
-#: A column of the collected batch (not stored): the 64-bit hash of ``msg_id``.
-ID_HASH = "_id_hash"
+#: The 64-bit hash of ``msg_id`` (a ``schedule`` column): the deduplication index's key.
+ID_HASH = "msg_id_hash"
 #: Ids are kept this long past the window, for rows stored a while before they are stamped
 #: (older ones make the writer read the ids back from ``schedule``).
 EXPIRY_SLACK = timedelta(minutes=15)
@@ -76,8 +76,6 @@ class StampWriter:
         now = self.clock.now()
         stamped_rows = stamped(check(batch, self.cfg), self.cfg, batch_id, now)
         dedup = self.cfg.dedup_window_ms > 0
-        if dedup:
-            stamped_rows = stamped_rows.withColumn(ID_HASH, F.xxhash64("msg_id"))
         rows = stamped_rows.toArrow()
         if dedup:
             rows = self._mark_duplicates(spark, rows, batch_id, now)
@@ -117,7 +115,9 @@ class StampWriter:
         if self._seen is None or needed < self._seen.complete_from:
             # A restart, a retried batch, or rows stored long before the batch: read the
             # taken ids back from `schedule`, so the decision is the one the data gives.
-            self._seen = seen_ids(spark, self.layout.schedule, batch_id, bound)
+            self._seen = seen_ids(
+                spark, self.layout.schedule, self._tables[self.layout.schedule], batch_id, bound
+            )
         elif bound > self._seen.complete_from + window / 8:
             self._seen.expire(bound)  # now and then: it goes through every id
         reasons = duplicate_reasons(
@@ -190,27 +190,51 @@ class StampWriter:
         self._written[path] = batch_id
 
 
-def seen_ids(spark: SparkSession, schedule: str, batch_id: int, since: datetime) -> SeenIds:
+def seen_ids(
+    spark: SparkSession, schedule: str, table: ArrowDelta, batch_id: int, since: datetime
+) -> SeenIds:
     """The ids stamped by batches before ``batch_id`` and taken until ``since`` or later.
+
+    Read with delta-rs from ``msg_id_hash`` and the two times (24 bytes a row, no Spark job);
+    rows stamped before the column existed are hashed by Spark.
 
     Example:
         >>> since = clock.now() - timedelta(hours=2)
-        >>> len(seen_ids(spark, lay.schedule, 12, since))  # doctest: +SKIP
+        >>> table = ArrowDelta(lay.schedule)  # doctest: +SKIP
+        >>> len(seen_ids(spark, lay.schedule, table, 12, since))  # doctest: +SKIP
         4200
     """
     seen = SeenIds(complete_from=since)
-    rows = (
-        spark.read.format("delta")
-        .load(schedule)
-        .where(
-            (F.col("stamp_batch") < batch_id)
-            & (F.coalesce(F.col("revision"), F.lit(0)) == 0)
-            & ((F.col("store_ts") >= F.lit(since)) | (F.col("deliver_ts") >= F.lit(since)))
-        )
-        .select(F.xxhash64("msg_id").alias(ID_HASH), "store_ts", "deliver_ts")
-        .toArrow()
+    version = table.latest()
+    if version < 0:
+        return seen
+    store, deliver, revision = pc.field("store_ts"), pc.field("deliver_ts"), pc.field("revision")
+    at = pa.scalar(since, pa.timestamp("us", tz="UTC"))
+    chosen = (
+        (pc.field("stamp_batch") < batch_id)
+        & (revision.is_null() | (revision == 0))
+        & ((store >= at) | (deliver >= at))
     )
-    seen.add(rows[ID_HASH].to_numpy(), taken_until(rows))
+    rows = table.dataset(version).to_table(
+        columns=[ID_HASH, "store_ts", "deliver_ts"], filter=chosen
+    )
+    hashed = pc.is_valid(rows[ID_HASH])
+    if not pc.all(hashed).as_py():  # rows stamped by an older version: Spark hashes them
+        older = (
+            spark.read.format("delta")
+            .option("versionAsOf", version)
+            .load(schedule)
+            .where(
+                F.col(ID_HASH).isNull()
+                & (F.col("stamp_batch") < batch_id)
+                & (F.coalesce(F.col("revision"), F.lit(0)) == 0)
+                & ((F.col("store_ts") >= F.lit(since)) | (F.col("deliver_ts") >= F.lit(since)))
+            )
+            .select(F.xxhash64("msg_id").alias(ID_HASH), "store_ts", "deliver_ts")
+            .toArrow()
+        )
+        rows = pa.concat_tables([rows.filter(hashed), older.cast(rows.schema)])
+    seen.add(np.asarray(rows[ID_HASH].to_numpy(), dtype=np.int64), taken_until(rows))
     return seen
 
 

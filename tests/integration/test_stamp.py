@@ -180,3 +180,19 @@ def test_a_copy_stamped_long_after_it_was_stored_is_still_a_duplicate(
 
     assert stored(spark, lay.schedule) == [("X", 0)]
     assert stored(spark, lay.quarantine) == [("X", 1)]
+
+
+def test_rows_stamped_before_the_hash_column_existed_still_make_copies_duplicates(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    lay = ensure_tables(spark, cfg)
+    clock = FakeClock(T0)
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("B", "orders", b"2", 1)]), 1)
+    # A lakehouse stamped by an older version: no msg_id_hash in A's row.
+    spark.sql(f"UPDATE delta.`{lay.schedule}` SET msg_id_hash = NULL WHERE msg_id = 'A'")
+    copies = [("A", "orders", b"3", 1), ("B", "orders", b"4", 1), ("C", "orders", b"5", 1)]
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, copies), 2)  # a restart: rebuilt index
+
+    assert stored(spark, lay.schedule) == [("A", 0), ("B", 1), ("C", 2)]
+    assert stored(spark, lay.quarantine) == [("A", 2), ("B", 2)]
