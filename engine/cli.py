@@ -342,7 +342,7 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     from engine.lakehouse.tables import ensure_tables
 
     spark = build_spark(cfg)
-    status = read_status(spark, cfg, ensure_tables(spark, cfg))
+    status = read_status(spark, cfg, ensure_tables(spark, cfg, migrate=False))
     print(f"lakehouse   {cfg.lakehouse_path}")
     print(f"sent        {status.sent}")
     print(f"to stamp    {status.unstamped}")

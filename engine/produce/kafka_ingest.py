@@ -269,7 +269,7 @@ def start_ingest(
         The query; its checkpoint is ``_checkpoints/kafka_ingest``.
     """
     clock = clock or SystemClock()
-    ensure_tables(spark, cfg)
+    ensure_tables(spark, cfg, migrate=False)  # only the engine migrates
     source = (
         spark.readStream.format("kafka")
         .option("kafka.bootstrap.servers", cfg.kafka_bootstrap)

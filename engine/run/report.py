@@ -29,7 +29,6 @@ from __future__ import annotations
 import logging
 import os
 import sys
-import tempfile
 import time
 import traceback
 from collections.abc import Callable
@@ -62,7 +61,8 @@ def log_dir() -> Path:
         >>> del os.environ[LOG_DIR_ENV]
     """
     chosen = os.environ.get(LOG_DIR_ENV)
-    return Path(chosen) if chosen else Path(tempfile.gettempdir()) / "delayq-logs"
+    # The JVM's log4j configuration falls back the same way: $TMPDIR, else /tmp.
+    return Path(chosen) if chosen else Path(os.environ.get("TMPDIR") or "/tmp") / "delayq-logs"
 
 
 class OneLineFormatter(logging.Formatter):
@@ -79,11 +79,13 @@ class OneLineFormatter(logging.Formatter):
         'ERROR round failed (ZeroDivisionError: integer division or modulo by zero; see /tmp/x.log)'
     """
 
-    def __init__(self, fmt: str, log_file: Path) -> None:
+    def __init__(self, fmt: str, log_file: Path | None) -> None:
         super().__init__(fmt)
         self.log_file = log_file
 
     def format(self, record: logging.LogRecord) -> str:
+        if self.log_file is None:  # no log file: the traceback stays on the console
+            return super().format(record)
         saved = record.exc_info, record.exc_text, record.stack_info
         record.exc_info, record.exc_text, record.stack_info = None, None, None
         try:
@@ -129,12 +131,7 @@ def setup_logging(prog: str, level: int = logging.WARNING) -> Path:
     for handler in list(root.handlers):
         if getattr(handler, "_delayq", False):
             root.removeHandler(handler)
-    console = _Console()
-    console.setLevel(level)
-    console.setFormatter(
-        OneLineFormatter("%(asctime)s %(levelname)s %(name)s: %(message)s", log_file)
-    )
-    handlers: list[logging.Handler] = [console]
+    handlers: list[logging.Handler] = []
     try:
         folder.mkdir(parents=True, exist_ok=True)
         _remove_old(folder, prog)
@@ -144,8 +141,13 @@ def setup_logging(prog: str, level: int = logging.WARNING) -> Path:
             logging.Formatter("%(asctime)s %(levelname)s %(threadName)s %(name)s: %(message)s")
         )
         handlers.append(to_file)
-    except OSError:  # no log folder: the console still works
+    except OSError:  # no log folder: the console gets the tracebacks too
         pass
+    console = _Console()
+    console.setLevel(level)
+    shown = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+    console.setFormatter(OneLineFormatter(shown, log_file if handlers else None))
+    handlers.append(console)
     for handler in handlers:
         handler._delayq = True  # type: ignore[attr-defined]
         root.addHandler(handler)

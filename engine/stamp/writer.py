@@ -218,8 +218,7 @@ def seen_ids(
     rows = table.dataset(version).to_table(
         columns=[ID_HASH, "store_ts", "deliver_ts"], filter=chosen
     )
-    hashed = pc.is_valid(rows[ID_HASH])
-    if not pc.all(hashed).as_py():  # rows stamped by an older version: Spark hashes them
+    if rows[ID_HASH].null_count:  # rows stamped by an older version: Spark hashes them
         older = (
             spark.read.format("delta")
             .option("versionAsOf", version)
@@ -233,7 +232,8 @@ def seen_ids(
             .select(F.xxhash64("msg_id").alias(ID_HASH), "store_ts", "deliver_ts")
             .toArrow()
         )
-        rows = pa.concat_tables([rows.filter(hashed), older.cast(rows.schema)])
+        hashed = rows.filter(pc.is_valid(rows[ID_HASH]))
+        rows = pa.concat_tables([hashed, older.cast(rows.schema)])
     seen.add(np.asarray(rows[ID_HASH].to_numpy(), dtype=np.int64), taken_until(rows))
     return seen
 
