@@ -47,6 +47,8 @@ ERROR_BACKOFF_S = 10.0  # RocketMQ waits 10 s after a failed delivery attempt
 MAX_FAILED_ROUNDS = 30  # about 5 minutes of failures in a row stops the engine
 IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is pending
 STOP_WAIT_S = 60.0  # longest stop() waits for a delivery round in progress
+#: Longest stop() waits for a stamping batch in progress to end before stopping its stream.
+BATCH_WAIT_S = 10.0
 
 
 @dataclass
@@ -262,6 +264,7 @@ class Engine:
         try:
             for query in self.queries:
                 try:
+                    _between_batches(query, BATCH_WAIT_S)
                     query.stop()
                 except Exception:  # the JVM may already be going down (Ctrl-C under spark-submit)
                     log.debug("stopping %s failed", query.name, exc_info=True)
@@ -372,3 +375,22 @@ class Engine:
         final = self.status()
         self.out(f"[{self.clock.now():%H:%M:%S}] {final.line(self.cfg.levels.label)}")
         return final
+
+
+def _between_batches(query: StreamingQuery, timeout: float) -> None:
+    """Wait (up to ``timeout`` seconds) until ``query`` is between two micro-batches.
+
+    Stopping a query interrupts the batch in progress. For a Python ``foreachBatch`` Spark
+    then matches the Python error's whole text against a regular expression that recurses
+    once per character: a long traceback overflowed the stream thread's stack and printed a
+    JVM stack trace at Ctrl-C. A batch is replayed safely either way; this only avoids the
+    interruption when the batch ends soon.
+    """
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if not query.status["isTriggerActive"]:
+                return
+        except Exception:  # the query or the JVM is already going down
+            return
+        time.sleep(0.02)
