@@ -21,7 +21,7 @@ Example:
     >>> log_file = setup_logging("delayq")  # doctest: +SKIP
     >>> sys.exit(run_main("delayq", lambda: 1 // 0, log_file))  # doctest: +SKIP
     delayq: internal error (a bug): ZeroDivisionError: integer division or modulo by zero;
-    the traceback is in /tmp/delayq-logs/delayq-20261124T040102-4242.log
+    the traceback is in <log dir>/delayq-20261124T040102-4242.log
 """
 
 from __future__ import annotations
@@ -69,14 +69,14 @@ class OneLineFormatter(logging.Formatter):
     """Formats a record on one line: an exception is named, its traceback left out.
 
     Example:
-        >>> f = OneLineFormatter("%(levelname)s %(message)s", log_file=Path("/tmp/x.log"))
+        >>> f = OneLineFormatter("%(levelname)s %(message)s", log_file=Path("x.log"))
         >>> try:
         ...     1 // 0
         ... except ZeroDivisionError as err:
         ...     failed = (type(err), err, None)
         ...     record = logging.LogRecord("t", 40, "", 0, "round failed", None, failed)
         >>> f.format(record)
-        'ERROR round failed (ZeroDivisionError: integer division or modulo by zero; see /tmp/x.log)'
+        'ERROR round failed (ZeroDivisionError: integer division or modulo by zero; see x.log)'
     """
 
     def __init__(self, fmt: str, log_file: Path | None) -> None:
@@ -188,8 +188,8 @@ def report_bug(prog: str, error: BaseException, log_file: Path, err: TextIO | No
     """Write ``error``'s traceback to ``log_file``, say so in one line, return :data:`EXIT_BUG`.
 
     Example:
-        >>> report_bug("delayq", RuntimeError("boom"), Path("/tmp/x.log"))  # doctest: +SKIP
-        delayq: internal error (a bug): RuntimeError: boom; the traceback is in /tmp/x.log
+        >>> report_bug("delayq", RuntimeError("boom"), Path("x.log"))  # doctest: +SKIP
+        delayq: internal error (a bug): RuntimeError: boom; the traceback is in x.log
         70
     """
     where = log_file
@@ -223,7 +223,7 @@ def run_main(prog: str, body: Callable[[], int], log_file: Path) -> int:
         log_file: where a bug's traceback goes (from :func:`setup_logging`).
 
     Example:
-        >>> run_main("delayq", lambda: 0, Path("/tmp/x.log"))
+        >>> run_main("delayq", lambda: 0, Path("x.log"))
         0
     """
     try:

@@ -115,9 +115,7 @@ class StampWriter:
         if self._seen is None or needed < self._seen.complete_from:
             # A restart, a retried batch, or rows stored long before the batch: read the
             # taken ids back from `schedule`, so the decision is the one the data gives.
-            self._seen = seen_ids(
-                spark, self.layout.schedule, self._tables[self.layout.schedule], batch_id, bound
-            )
+            self._seen = seen_ids(spark, self._tables[self.layout.schedule], batch_id, bound)
         elif bound > self._seen.complete_from + window / 8:
             self._seen.expire(bound)  # now and then: it goes through every id
         reasons = duplicate_reasons(
@@ -190,9 +188,7 @@ class StampWriter:
         self._written[path] = batch_id
 
 
-def seen_ids(
-    spark: SparkSession, schedule: str, table: ArrowDelta, batch_id: int, since: datetime
-) -> SeenIds:
+def seen_ids(spark: SparkSession, table: ArrowDelta, batch_id: int, since: datetime) -> SeenIds:
     """The ids stamped by batches before ``batch_id`` and taken until ``since`` or later.
 
     Read with delta-rs from ``msg_id_hash`` and the two times (24 bytes a row, no Spark job);
@@ -201,7 +197,7 @@ def seen_ids(
     Example:
         >>> since = clock.now() - timedelta(hours=2)
         >>> table = ArrowDelta(lay.schedule)  # doctest: +SKIP
-        >>> len(seen_ids(spark, lay.schedule, table, 12, since))  # doctest: +SKIP
+        >>> len(seen_ids(spark, table, 12, since))  # doctest: +SKIP
         4200
     """
     seen = SeenIds(complete_from=since)
@@ -222,7 +218,7 @@ def seen_ids(
         older = (
             spark.read.format("delta")
             .option("versionAsOf", version)
-            .load(schedule)
+            .load(table.path)
             .where(
                 F.col(ID_HASH).isNull()
                 & (F.col("stamp_batch") < batch_id)
