@@ -35,7 +35,7 @@ from engine.core.levels import LevelTable, parse_levels
 from engine.core.message import Message
 from engine.lakehouse.catalog import register_all as refresh_tables
 from engine.lakehouse.session import build_spark
-from engine.produce.send import send, send_df, send_many
+from engine.produce.send import send, send_arrow, send_df, send_many
 from engine.run.engine import Engine
 
 __all__ = [
@@ -68,6 +68,7 @@ __all__ = [
     "refresh_tables",
     "reschedule",
     "send",
+    "send_arrow",
     "send_df",
     "send_many",
 ]

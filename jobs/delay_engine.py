@@ -1,6 +1,6 @@
 """The delayed-delivery engine as a Spark application.
 
-Runs the stamping stream and the delivery stage against the lakehouse in ``conf/``
+Runs the stamping and delivery stages against the lakehouse in ``conf/``
 until Ctrl-C (or, with ``--until-idle``, until nothing is pending), from the repository root::
 
     source .venv/bin/activate

@@ -266,9 +266,9 @@ class EngineConfig:
             store and deliver times; a copy sent meanwhile is a duplicate
             (``messages.dedup_window``; 0 turns deduplication off). At least the longest
             level's delay.
-        stamp_interval_ms: trigger interval of the stamping stream.
-        stamp_max_files: ``maxFilesPerTrigger`` of the stamping stream.
-        stamp_max_bytes: ``maxBytesPerTrigger`` of the stamping stream (a batch is held in
+        stamp_interval_ms: how often stamping looks for new ``commitlog`` versions.
+        stamp_max_files: most ``commitlog`` data files per stamping batch.
+        stamp_max_bytes: most ``commitlog`` bytes per stamping batch (a batch is held in
             the driver's memory while it is written).
         stamp_file_rows: about this many rows per ``schedule`` file; smaller files narrow the
             deliver-time range each covers, so rounds skip more of a large backlog.
@@ -307,7 +307,7 @@ class EngineConfig:
     max_property_name: int = 128
     max_delay_ms: int = 30 * 86_400_000
     dedup_window_ms: int = 2 * 3_600_000
-    stamp_interval_ms: int = 200
+    stamp_interval_ms: int = 50
     stamp_max_files: int = 1000
     stamp_file_rows: int = 100_000
     stamp_max_bytes: int = 16 * 1024 * 1024

@@ -6,7 +6,7 @@
   due now.
 
 Example:
-    >>> check_checkpoints(spark, cfg, lay, progress, plan)  # doctest: +SKIP
+    >>> check_checkpoints(spark, cfg, lay, progress, plan, stamped=True)  # doctest: +SKIP
     >>> now, floor = clock.now(), progress.watermark  # doctest: +SKIP
     >>> correct_deliver_timestamps(spark, cfg, lay, now, floor)  # doctest: +SKIP
     0
@@ -28,21 +28,27 @@ from engine.deliver.checkpoint import Plan, Progress
 from engine.deliver.due import TS
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import latest_version, list_topics
-from engine.lakehouse.fs import hadoop_path
 from engine.lakehouse.layout import Layout
 
 
 def check_checkpoints(
-    spark: SparkSession, cfg: EngineConfig, layout: Layout, progress: Progress, plan: Plan | None
+    spark: SparkSession,
+    cfg: EngineConfig,
+    layout: Layout,
+    progress: Progress,
+    plan: Plan | None,
+    stamped: bool,
 ) -> None:
     """Refuse to start when a checkpoint is missing but the tables it guards are not empty.
+
+    Args:
+        stamped: whether the stamping log says this lakehouse was stamped before.
 
     Raises:
         CheckpointError: saying which checkpoint is missing and what to do.
     """
-    offsets, fs = hadoop_path(spark, layout.checkpoint("stamp") + "/offsets")
-    # Looks at schedule (a Spark job) only when the checkpoint is missing.
-    if not fs.exists(offsets) and not spark.read.format("delta").load(layout.schedule).isEmpty():
+    # Looks at schedule only when the stamping log is missing.
+    if not stamped and ArrowDelta(layout.schedule).max_of("stamp_batch") >= 0:
         raise CheckpointError(
             f"{layout.schedule} holds stamped rows but the stamping checkpoint "
             f"{layout.checkpoint('stamp')} is missing: restore it, or start from an "

@@ -79,11 +79,11 @@ from engine.deliver.due import (
     to_topic_rows,
     topic_tables,
 )
-from engine.deliver.offset_log import OffsetLog
 from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker, append
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.offset_log import OffsetLog
 
 log = logging.getLogger(__name__)
 

@@ -25,6 +25,7 @@ import logging
 import threading
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 from deltalake import (
@@ -34,7 +35,7 @@ from deltalake import (
     Transaction,
     write_deltalake,
 )
-from deltalake.exceptions import TableNotFoundError
+from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from engine.lakehouse.delta_log import Txn, delta_uri
 
@@ -46,7 +47,9 @@ CHECKPOINT_INTERVAL = 10
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 #: Spark writes timestamps as INT96, which Arrow reads as nanoseconds by default: years
 #: outside 1677-2262 would fail. Read them as microseconds, Spark's precision.
-_READ_OPTIONS = ds.ParquetReadOptions(coerce_int96_timestamp_unit="us")
+READ_OPTIONS = ds.ParquetReadOptions(coerce_int96_timestamp_unit="us")
+#: Tries of an append whose snapshot another writer's DELETE or OPTIMIZE made stale.
+APPEND_ATTEMPTS = 3
 #: Rows encoded to estimate the bytes per row of a batch's files.
 _SAMPLE_ROWS = 1000
 
@@ -97,6 +100,19 @@ class ArrowDelta:
             table = self._latest_table()
             return -1 if table is None else int(table.version())
 
+    def schema(self) -> pa.Schema:
+        """The table's Arrow schema (as delta-rs reads it).
+
+        Example:
+            >>> ArrowDelta("/lake/commitlog").schema().names[:2]  # doctest: +SKIP
+            ['msg_id', 'topic']
+        """
+        with self._lock:
+            table = self._table or self._latest_table()
+            if table is None:
+                raise FileNotFoundError(f"no Delta table at {self.path}")
+            return pa.schema(table.schema().to_arrow())
+
     def dataset(self, version: int) -> ds.FileSystemDataset:
         """The files of ``version`` as an Arrow dataset; each file carries its Delta statistics,
         so a filter skips the files that cannot match.
@@ -108,9 +124,9 @@ class ArrowDelta:
         """
         with self._lock:
             if self._table is not None and self._table.version() == version:
-                return self._table.to_pyarrow_dataset(parquet_read_options=_READ_OPTIONS)
+                return self._table.to_pyarrow_dataset(parquet_read_options=READ_OPTIONS)
         pinned = DeltaTable(self.uri, version=version)
-        return pinned.to_pyarrow_dataset(parquet_read_options=_READ_OPTIONS)
+        return pinned.to_pyarrow_dataset(parquet_read_options=READ_OPTIONS)
 
     def append(
         self,
@@ -152,15 +168,30 @@ class ArrowDelta:
                 custom_metadata=custom,
                 app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None,
             )
-            write_deltalake(
-                table,
-                data,
-                mode="append",
-                partition_by=table.metadata().partition_columns or None,
-                target_file_size=_file_size(data, file_rows),
-                commit_properties=properties,
-                post_commithook_properties=_NO_HOOKS,
-            )
+            for attempt in range(1, APPEND_ATTEMPTS + 1):
+                try:
+                    write_deltalake(
+                        table,
+                        data,
+                        mode="append",
+                        partition_by=table.metadata().partition_columns or None,
+                        target_file_size=_file_size(data, file_rows),
+                        commit_properties=properties,
+                        post_commithook_properties=_NO_HOOKS,
+                    )
+                    break
+                except CommitFailedError:
+                    # Nothing landed: a commit since this handle's snapshot removed files
+                    # (a DELETE, UPDATE or OPTIMIZE). Rows appended do not depend on what was
+                    # read, so the same append on the new snapshot is right, unless its txn
+                    # has been recorded by now (another writer of the same batch).
+                    if attempt == APPEND_ATTEMPTS:
+                        raise
+                    table.update_incremental()
+                    if txn is not None:
+                        recorded = table.transaction_version(txn.app_id)
+                        if recorded is not None and recorded >= txn.version:
+                            return
             if table.version() % CHECKPOINT_INTERVAL == 0:
                 try:
                     table.create_checkpoint()
@@ -174,6 +205,31 @@ class ArrowDelta:
         with self._lock:
             table = self._latest_table()
             return None if table is None else table.transaction_version(app_id)
+
+    def max_of(self, column: str) -> int:
+        """The largest value of an integer column (-1 when the table has none), from the
+        files' Delta statistics; a file without them is read.
+
+        Example:
+            >>> ArrowDelta("/lake/schedule").max_of("stamp_batch")  # doctest: +SKIP
+            41
+        """
+        with self._lock:
+            table = self._latest_table()
+            if table is None:
+                return -1
+            actions = pa.table(table.get_add_actions(flatten=True))
+            files = table.to_pyarrow_dataset(parquet_read_options=READ_OPTIONS)
+        stat = f"max.{column}"
+        best = -1
+        if stat in actions.column_names:
+            found = pc.max(actions[stat]).as_py()
+            best = -1 if found is None else int(found)
+            missing = actions.filter(pc.is_null(actions[stat]))
+            if missing.num_rows == 0:
+                return best
+        found = pc.max(files.to_table(columns=[column])[column]).as_py()
+        return max(best, -1 if found is None else int(found))
 
     def committed_with(self, metadata: str, lookback: int) -> bool:
         """Whether one of the last ``lookback`` commits carries ``userMetadata``."""

@@ -1,4 +1,4 @@
-"""Send messages into ``commitlog``: one, many, or a whole DataFrame.
+"""Send messages into ``commitlog``: one, many, an Arrow table, or a whole DataFrame.
 
 Every message is validated before anything is written (:func:`engine.core.message.validate`);
 a bad message raises :class:`~engine.core.errors.InvalidMessageError` naming the field and
@@ -6,22 +6,34 @@ value, and nothing of that call is written. ``store_ts`` is assigned from the en
 when the rows are committed, never taken from the producer (``born_ts`` is the producer's own
 time).
 
+:func:`send`, :func:`send_many` and :func:`send_arrow` commit from the driver with delta-rs
+(a few milliseconds, no Spark job); :func:`send_df` runs Spark jobs, for DataFrames too large
+for the driver.
+
 Example:
     >>> send(spark, cfg, "orders", b'{"id": 1}', keys=["order-1"], delay_level=3)  # doctest: +SKIP
     '9F1C...'
     >>> batch = [Message("orders", "a"), Message("audit", "b", delay_level=1)]
     >>> ids = send_many(spark, cfg, batch)  # doctest: +SKIP
+    >>> rows = pa.table({"topic": ["orders"] * 2, "body": [b"a", b"b"]})
+    >>> send_arrow(spark, cfg, rows)  # doctest: +SKIP
+    2
 """
 
 from __future__ import annotations
 
+import threading
+import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
 
+import pyarrow as pa
+import pyarrow.compute as pc
 from pyspark.sql import Column, DataFrame, SparkSession
 from pyspark.sql import functions as F
 
+from engine.core.arrow_checks import rejection_reasons
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError
@@ -32,11 +44,25 @@ from engine.core.message import (
     rejection_reason,
     validate,
 )
+from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import append
 from engine.lakehouse.tables import ensure_tables
 from schemas import COMMITLOG, column_names
 
-__all__ = ["Message", "send", "send_df", "send_many"]
+__all__ = ["Message", "send", "send_arrow", "send_df", "send_many"]
+
+#: One delta-rs handle per ``commitlog`` (kept open: an append needs no log replay).
+_COMMITLOGS: dict[str, ArrowDelta] = {}
+_HANDLES = threading.Lock()
+
+
+def _commitlog(spark: SparkSession, cfg: EngineConfig) -> ArrowDelta:
+    lay = ensure_tables(spark, cfg, migrate=False)
+    with _HANDLES:
+        handle = _COMMITLOGS.get(lay.commitlog)
+        if handle is None:
+            handle = _COMMITLOGS[lay.commitlog] = ArrowDelta(lay.commitlog)
+        return handle
 
 
 def send_many(
@@ -72,16 +98,78 @@ def send_many(
     if not fields:
         return []
     ids = [f["msg_id"] or new_msg_id() for f in fields]
-    lay = ensure_tables(spark, cfg, migrate=False)
+    commitlog = _commitlog(spark, cfg)
     rows = [
-        {**f, "msg_id": msg_id, "born_ts": f["born_ts"] or store_ts, "store_ts": store_ts}
+        {
+            **f,
+            "msg_id": msg_id,
+            "born_ts": f["born_ts"] or store_ts,
+            "store_ts": store_ts,
+            "properties": list(f["properties"].items()),
+        }
         for f, msg_id in zip(fields, ids, strict=True)
     ]
-    df = spark.createDataFrame(
-        [tuple(r[c] for c in column_names(COMMITLOG)) for r in rows], COMMITLOG
-    )
-    append(df, lay.commitlog)
+    commitlog.append(pa.Table.from_pylist(rows, schema=commitlog.schema()))
     return ids
+
+
+def send_arrow(
+    spark: SparkSession, cfg: EngineConfig, rows: pa.Table, clock: Clock | None = None
+) -> int:
+    """Append the rows of an Arrow table to ``commitlog`` in one commit; returns how many.
+
+    The fastest way in from Python: checked with vectorised rules and committed with
+    delta-rs, no Spark job (tens of milliseconds for 10,000 rows). ``rows`` has the columns
+    :func:`send_df` takes (``topic`` and ``body`` at least); rows without ``msg_id`` get one,
+    ``store_ts`` is now and ``born_ts`` defaults to it.
+
+    Raises:
+        InvalidMessageError: when a row is bad (the first one is shown); nothing is written.
+
+    Example:
+        >>> rows = pa.table({"topic": ["orders"], "body": [b"paid"], "delay_level": [2]})
+        >>> send_arrow(spark, cfg, rows)  # doctest: +SKIP
+        1
+    """
+    clock = clock or SystemClock()
+    _check_columns(rows.column_names)
+    commitlog = _commitlog(spark, cfg)
+    schema = commitlog.schema()
+    n = int(rows.num_rows)
+    if n == 0:
+        return 0
+    store_ts = pa.array([clock.now()] * n, schema.field("store_ts").type)
+    made = pa.array([uuid.uuid4().hex.upper() for _ in range(n)], pa.string())
+    columns = []
+    for name in schema.names:
+        if name == "store_ts":
+            columns.append(store_ts)
+        elif name not in rows.column_names:
+            default = {"msg_id": made, "born_ts": store_ts}.get(name)
+            columns.append(default if default is not None else pa.nulls(n, schema.field(name).type))
+        else:
+            given = rows[name].combine_chunks().cast(schema.field(name).type)
+            if name == "msg_id":
+                given = pc.coalesce(given, made)
+            elif name == "born_ts":
+                given = pc.coalesce(given, store_ts)
+            columns.append(given)
+    table = pa.Table.from_arrays(columns, schema=schema)
+    reasons = rejection_reasons(table, cfg)
+    if reasons.null_count != n:
+        first = pc.index(pc.is_valid(reasons), True).as_py()
+        raise InvalidMessageError("row", table["topic"][first].as_py(), reasons[first].as_py())
+    commitlog.append(table)
+    return n
+
+
+def _check_columns(names: Sequence[str]) -> None:
+    missing = {"topic", "body"} - set(names)
+    if missing:
+        raise InvalidMessageError("columns", sorted(names), f"missing {sorted(missing)}")
+    unknown = set(names) - set(column_names(COMMITLOG))
+    if unknown:
+        raise InvalidMessageError("columns", sorted(unknown), "not commitlog columns")
 
 
 def send(
@@ -142,12 +230,7 @@ def send_df(
         InvalidMessageError: when a row is bad (the first one is shown); nothing is written.
     """
     clock = clock or SystemClock()
-    missing = {"topic", "body"} - set(df.columns)
-    if missing:
-        raise InvalidMessageError("columns", sorted(df.columns), f"missing {sorted(missing)}")
-    unknown = set(df.columns) - set(column_names(COMMITLOG))
-    if unknown:
-        raise InvalidMessageError("columns", sorted(unknown), "not commitlog columns")
+    _check_columns(df.columns)
     store_ts = clock.now()
     present = set(df.columns)
 

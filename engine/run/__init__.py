@@ -1,1 +1,1 @@
-"""The running engine: the stamping stream and the delivery stage in one application."""
+"""The running engine: the stamping and delivery stages in one application."""

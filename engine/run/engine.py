@@ -1,10 +1,11 @@
-"""Run the engine: the stamping stream and the delivery stage, with progress and status.
+"""Run the engine: the stamping and delivery stages, with progress and status.
 
-Both run in one Spark application:
+Both run in one Spark application, as driver threads:
 
-* ``delayq-stamp``, a streaming query: ``commitlog`` (Delta source) -> ``foreachBatch``
-  (:class:`StampWriter`) -> ``schedule`` / ``quarantine``;
-* ``delayq-deliver``, a driver thread: one delivery round (:meth:`Delivery.run_round`) every
+* ``delayq-stamp``: follows ``commitlog``'s Delta log and stamps each batch of new files
+  (:class:`~engine.stamp.stamper.Stamper`) into ``schedule`` / ``quarantine``, looking for
+  new commits every ``stamp.interval``;
+* ``delayq-deliver``: one delivery round (:meth:`Delivery.run_round`) every
   ``delivery.poll_interval`` (at once when a round took longer); after each round the engine
   names new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.Catalog`).
   A round's exactly-once state is its own (the delayOffset checkpoint), so the loop needs
@@ -25,7 +26,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
-from pyspark.sql.streaming.query import StreamingQuery
 
 from engine.control.status import Status, read_status
 from engine.core.clock import Clock, SystemClock
@@ -37,7 +37,7 @@ from engine.deliver.sinks import SinkFactory, Sinks
 from engine.lakehouse.catalog import Catalog
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
-from engine.stamp.writer import StampWriter
+from engine.stamp.stamper import Stamper
 
 log = logging.getLogger("delayq")
 
@@ -46,9 +46,7 @@ DELIVER_QUERY = "delayq-deliver"
 ERROR_BACKOFF_S = 10.0  # RocketMQ waits 10 s after a failed delivery attempt
 MAX_FAILED_ROUNDS = 30  # about 5 minutes of failures in a row stops the engine
 IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is pending
-STOP_WAIT_S = 60.0  # longest stop() waits for a delivery round in progress
-#: Longest stop() waits for a stamping batch in progress to end before stopping its stream.
-BATCH_WAIT_S = 10.0
+STOP_WAIT_S = 60.0  # longest stop() waits for a delivery round or stamping batch in progress
 
 
 @dataclass
@@ -97,12 +95,12 @@ class Engine:
         self.clock = clock or SystemClock()
         self.out = out
         self.layout = layout(cfg)
-        self.stamper = StampWriter(cfg, self.layout, self.clock)
+        self.stamper = Stamper(spark, cfg, self.layout, self.clock)
         self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks)
         self.catalog = Catalog(spark, cfg)
         self.stats = DeliveryStats()
-        self.queries: list[StreamingQuery] = []
         self._loop: threading.Thread | None = None
+        self._stamp_loop: threading.Thread | None = None
         self._loop_error: BaseException | None = None
         self._stopping = threading.Event()
         self._round = threading.Lock()  # held while a delivery round runs
@@ -122,7 +120,12 @@ class Engine:
         ensure_tables(self.spark, self.cfg)
         self.delivery.open()
         check_checkpoints(
-            self.spark, self.cfg, self.layout, self.delivery.progress, self.delivery.pending
+            self.spark,
+            self.cfg,
+            self.layout,
+            self.delivery.progress,
+            self.delivery.pending,
+            self.stamper.has_state(),
         )
         self.catalog.open()
         self._recover()
@@ -150,14 +153,10 @@ class Engine:
 
     # ----------------------------------------------------------------- stepping
 
-    def stamp_available(self) -> None:
-        """Stamp everything in ``commitlog`` now (an ``availableNow`` run of the stamp stream)."""
+    def stamp_available(self) -> int:
+        """Stamp everything in ``commitlog`` now; returns how many rows were stamped."""
         self.open()
-        query = self._stamp_query(available_now=True)
-        try:
-            query.awaitTermination()
-        finally:
-            query.stop()
+        return self.stamper.run_available()
 
     def step(self) -> RoundResult:
         """Stamp what is available, then run one delivery round; for tests and notebooks."""
@@ -178,21 +177,39 @@ class Engine:
             self.stats.last_round_seconds = result.seconds
         return result
 
-    # ----------------------------------------------------------------- streaming
+    # ----------------------------------------------------------------- background
 
-    def _stamp_query(self, available_now: bool = False) -> StreamingQuery:
-        writer = (
-            self.spark.readStream.format("delta")
-            .option("maxFilesPerTrigger", self.cfg.stamp_max_files)
-            .option("maxBytesPerTrigger", self.cfg.stamp_max_bytes)
-            .load(self.layout.commitlog)
-            .writeStream.queryName(STAMP_QUERY)
-            .foreachBatch(self.stamper)
-            .option("checkpointLocation", self.layout.checkpoint("stamp"))
-        )
-        if available_now:
-            return writer.trigger(availableNow=True).start()
-        return writer.trigger(processingTime=f"{self.cfg.stamp_interval_ms} milliseconds").start()
+    def _stamping_loop(self) -> None:
+        interval = self.cfg.stamp_interval_ms / 1000
+        failing = 0
+        try:
+            while not self._stopping.is_set():
+                try:
+                    if self.stamper.run_batch() is not None:
+                        failing = 0
+                        continue  # more may be waiting: look again at once
+                    failing = 0
+                except DelayQError as err:
+                    if not isinstance(err, RetryableError):
+                        raise
+                    failing = self._stamping_failed(err, failing)
+                except Exception as err:  # storage failures: the plan makes a retry safe
+                    if self._stopping.is_set():
+                        return  # interrupted by stop(): the plan is run again at restart
+                    failing = self._stamping_failed(err, failing)
+                self._stopping.wait(interval)
+        except BaseException as err:  # terminal: run() (check_queries) reports it
+            log.error("the stamping stage stopped: %s", err, exc_info=err)
+            self._loop_error = err
+
+    def _stamping_failed(self, err: Exception, failing: int) -> int:
+        failing += 1
+        if failing >= MAX_FAILED_ROUNDS:
+            last = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            raise DeliveryError(f"{failing} stamping batches failed in a row; last: {last}")
+        log.exception("stamping batch failed; retrying in %.0f s", ERROR_BACKOFF_S)
+        self._stopping.wait(ERROR_BACKOFF_S)
+        return failing
 
     def _delivery_loop(self) -> None:
         interval = self.cfg.poll_interval_ms / 1000
@@ -234,74 +251,57 @@ class Engine:
         self._stopping.wait(ERROR_BACKOFF_S)
 
     def start(self) -> None:
-        """Start the stamping stream and the delivery stage in the background."""
+        """Start the stamping and delivery stages in the background."""
         self.open()
         if self._loop is not None and self._loop.is_alive():
             raise RuntimeError("the engine is running: stop() it before starting it again")
         self._stopping.clear()
         self._loop_error = None
-        self.queries.append(self._stamp_query())
+        self._stamp_loop = threading.Thread(
+            target=self._stamping_loop, name=STAMP_QUERY, daemon=True
+        )
+        self._stamp_loop.start()
         self._loop = threading.Thread(target=self._delivery_loop, name=DELIVER_QUERY, daemon=True)
         self._loop.start()
 
     def stop(self) -> None:
-        """Stop the delivery loop and the stamping stream; a round in progress finishes first.
-
-        A stamping batch cut short is replayed at the next start (Spark did not commit it).
-        """
+        """Stop the delivery and stamping stages; a round or batch in progress finishes first
+        (one cut short by the process dying is run again at the next start)."""
         self._stopping.set()
         if self._round.acquire(timeout=STOP_WAIT_S):  # no new round starts once stopping
             self._round.release()
-        if self._loop is not None:
-            self._loop.join(timeout=STOP_WAIT_S)
-            if not self._loop.is_alive():
-                self._loop = None
-        # Stopping interrupts a running foreachBatch: it fails, Spark does not commit that
-        # batch, and it runs again at the next start. py4j would log that as an error.
-        py4j_log = logging.getLogger("py4j.clientserver")
-        level = py4j_log.level
-        py4j_log.setLevel(logging.CRITICAL)
-        try:
-            for query in self.queries:
-                try:
-                    _between_batches(query, BATCH_WAIT_S)
-                    query.stop()
-                except Exception:  # the JVM may already be going down (Ctrl-C under spark-submit)
-                    log.debug("stopping %s failed", query.name, exc_info=True)
-        finally:
-            py4j_log.setLevel(level)
-        self.queries.clear()
+        for attr in ("_loop", "_stamp_loop"):
+            thread = getattr(self, attr)
+            if thread is not None:
+                thread.join(timeout=STOP_WAIT_S)
+                if not thread.is_alive():
+                    setattr(self, attr, None)
 
     def wait_until_warm(
         self, timeout_s: float = 120.0, stop: threading.Event | None = None
     ) -> None:
-        """Wait until the stamping stream and the delivery stage have done a first batch each.
+        """Wait until the stamping stage has looked at ``commitlog`` and the delivery stage has
+        done a first round.
 
         The first batches of a fresh JVM take several seconds. Returns early once ``stop`` is
         set.
         """
         stop = stop or threading.Event()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not (
-            all(q.lastProgress for q in self.queries) and self.stats.rounds
-        ):
+        while time.monotonic() < deadline and not (self.stamper.stats.looks and self.stats.rounds):
             self.check_queries()
             if stop.wait(0.2):
                 return
 
     def check_queries(self) -> None:
-        """Raise if the stream or the delivery stage has stopped with an error.
+        """Raise if the stamping or the delivery stage has stopped with an error.
 
         Raises:
-            DelayQError: the delivery stage's terminal error (e.g. rounds failing for
-                minutes), as it was raised.
-            RuntimeError: the stamping stream stopped with an error.
+            DelayQError: a stage's terminal error (e.g. rounds failing for minutes), as it
+                was raised.
         """
         if self._loop_error is not None:
             raise self._loop_error
-        for query in self.queries:
-            if not query.isActive and query.exception() is not None:
-                raise RuntimeError(f"{query.name} stopped: {query.exception()}")
 
     # ----------------------------------------------------------------- status
 
@@ -375,22 +375,3 @@ class Engine:
         final = self.status()
         self.out(f"[{self.clock.now():%H:%M:%S}] {final.line(self.cfg.levels.label)}")
         return final
-
-
-def _between_batches(query: StreamingQuery, timeout: float) -> None:
-    """Wait (up to ``timeout`` seconds) until ``query`` is between two micro-batches.
-
-    Stopping a query interrupts the batch in progress. For a Python ``foreachBatch`` Spark
-    then matches the Python error's whole text against a regular expression that recurses
-    once per character: a long traceback overflowed the stream thread's stack and printed a
-    JVM stack trace at Ctrl-C. A batch is replayed safely either way; this only avoids the
-    interruption when the batch ends soon.
-    """
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if not query.status["isTriggerActive"]:
-                return
-        except Exception:  # the query or the JVM is already going down
-            return
-        time.sleep(0.02)

@@ -1,122 +1,158 @@
-"""Stamping as a pure transform: ``commitlog`` rows -> ``schedule`` rows or ``quarantine`` rows.
+"""Stamping as a pure transform on Arrow: ``commitlog`` rows -> ``schedule`` or ``quarantine``.
 
 A stamped row keeps every message column and gains ``queue_id`` (the clamped level,
 0 = not delayed, -1 = timer), ``deliver_ts = store_ts + delay(level)`` (RocketMQ's
-tagsCode) or ``deliver_at`` for a timer message, and the ``stamp_batch`` that wrote it.
-Rows that break a rule (:func:`engine.core.message.rejection_reason`) go to ``quarantine``
-with the reason.
+tagsCode; ``store_ts`` counted in whole milliseconds) or ``deliver_at`` for a timer message,
+the ``stamp_batch`` that wrote it, and ``msg_id_hash`` (Spark's ``xxhash64(msg_id)``, the
+deduplication index's key). Rows that break a rule
+(:func:`engine.core.arrow_checks.rejection_reasons`) go to ``quarantine`` with the reason.
 
 Example:
-    >>> scheduled, quarantined = stamp(batch, cfg, batch_id=7, now=clock.now())  # doctest: +SKIP
+    >>> scheduled, quarantined = stamp(rows, cfg, batch_id=7, now=clock.now())  # doctest: +SKIP
 """
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from pyspark.sql import Column, DataFrame
-from pyspark.sql import functions as F
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import xxhash
 
+from engine.core.arrow_checks import rejection_reasons
 from engine.core.config import EngineConfig
 from engine.core.levels import LevelTable
-from engine.core.message import rejection_reason
-from schemas import COMMITLOG, SCHEDULE, column_names
+from schemas import COMMITLOG, QUARANTINE, SCHEDULE, column_names
 
 #: The queue of timer messages (an absolute deliver time instead of a level).
 TIMER_QUEUE = -1
+#: Spark's ``xxhash64`` seeds XXH64 with 42.
+HASH_SEED = 42
+_TS = pa.timestamp("us", tz="UTC")
 
 
-def queue_of(levels: LevelTable, level: Column) -> Column:
-    """The queue a requested level lands in: 0 when not delayed, else clamped to 1..max."""
-    return (
-        F.when(level.isNull() | (level <= 0), F.lit(0))
-        .otherwise(F.least(level, F.lit(levels.max_level)))
-        .cast("int")
-    )
-
-
-def delay_ms_of(levels: LevelTable, queue: Column) -> Column:
-    """The delay in milliseconds of a queue id (0 for queue 0; ids past the table use the max)."""
-    table = F.array(*[F.lit(ms) for ms in (0, *levels.delays_ms)])
-    index = F.least(F.greatest(queue, F.lit(0)), F.lit(levels.max_level)) + 1
-    return F.element_at(table, index).cast("long")
-
-
-def check(df: DataFrame, cfg: EngineConfig) -> DataFrame:
-    """``commitlog`` rows with ``reason``: why a row is refused, or null when it is valid.
+def queue_of(levels: LevelTable, level: pa.Array) -> np.ndarray:
+    """The queue each requested level lands in: 0 when not delayed, else clamped to 1..max.
 
     Example:
-        >>> check(batch, cfg).where("reason IS NOT NULL").count()  # doctest: +SKIP
-        0
+        >>> import pyarrow as pa
+        >>> from engine.core.levels import parse_levels
+        >>> queue_of(parse_levels("1s 2s 3s"), pa.array([None, -1, 2, 9])).tolist()
+        [0, 0, 2, 3]
     """
-    return df.select(
-        *[F.col(c) for c in column_names(COMMITLOG)], rejection_reason(cfg).alias("reason")
-    )
+    asked = pc.fill_null(pc.cast(level, pa.int64()), 0).to_numpy(zero_copy_only=False)
+    clipped: np.ndarray = np.clip(asked, 0, levels.max_level).astype(np.int32)
+    return clipped
 
 
-def stamped(checked: DataFrame, cfg: EngineConfig, batch_id: int, now: datetime) -> DataFrame:
-    """Every row of :func:`check`'s output with its stamp: the ``schedule`` columns and
-    ``reason`` (a refused row's stamp columns mean nothing; it goes to ``quarantine``).
+def delay_ms_of(levels: LevelTable, queue: np.ndarray) -> np.ndarray:
+    """The delay in milliseconds of each queue id (0 for queue 0; ids past the table use
+    the max).
 
     Example:
-        >>> stamped(check(batch, cfg), cfg, 7, clock.now()).toArrow()  # doctest: +SKIP
+        >>> import numpy as np
+        >>> from engine.core.levels import parse_levels
+        >>> delay_ms_of(parse_levels("1s 2s 3s"), np.array([0, 1, 3, 7])).tolist()
+        [0, 1000, 3000, 3000]
     """
-    timer = F.col("deliver_at").isNotNull()
-    level_queue = queue_of(cfg.levels, F.col("delay_level"))
-    queue = F.when(timer, F.lit(TIMER_QUEUE)).otherwise(level_queue)
-    delayed = F.timestamp_millis(F.unix_millis("store_ts") + delay_ms_of(cfg.levels, level_queue))
-    deliver = F.when(timer, F.col("deliver_at")).otherwise(delayed)
-    return checked.select(
-        *[F.col(c) for c in column_names(COMMITLOG)],
-        queue.alias("queue_id"),
-        deliver.alias("deliver_ts"),
-        F.lit(batch_id).cast("long").alias("stamp_batch"),
-        F.lit(now).alias("stamped_ts"),
-        F.lit(0).alias("revision"),
-        F.xxhash64("msg_id").alias("msg_id_hash"),
-        F.col("reason"),
-    )
+    table = np.array((0, *levels.delays_ms), dtype=np.int64)
+    delays: np.ndarray = table[np.clip(queue, 0, levels.max_level)]
+    return delays
 
 
-def scheduled_rows(
-    checked: DataFrame, cfg: EngineConfig, batch_id: int, now: datetime
-) -> DataFrame:
-    """The valid rows of :func:`check`'s output, stamped (the ``schedule`` schema).
+def id_hashes(msg_ids: pa.Array | pa.ChunkedArray) -> pa.Array:
+    """Spark's ``xxhash64`` of each id (null for a null id), as the signed 64-bit value.
 
     Example:
-        >>> scheduled_rows(check(batch, cfg), cfg, 7, clock.now())  # doctest: +SKIP
+        >>> import pyarrow as pa
+        >>> id_hashes(pa.array(["order-1:paid"])).to_pylist()
+        [1610227572590971149]
     """
-    rows = stamped(checked, cfg, batch_id, now)
-    return rows.where(F.col("reason").isNull()).select(*column_names(SCHEDULE))
+    ids = msg_ids.to_pylist()
+    digests = np.fromiter(
+        (0 if i is None else xxhash.xxh64_intdigest(i.encode("utf-8"), HASH_SEED) for i in ids),
+        dtype=np.uint64,
+        count=len(ids),
+    )
+    mask = np.array([i is None for i in ids], dtype=bool) if None in ids else None
+    return pa.array(digests.view(np.int64), pa.int64(), mask=mask)
 
 
-def quarantined_rows(checked: DataFrame, batch_id: int, now: datetime) -> DataFrame:
-    """The refused rows of :func:`check`'s output with their reason (``quarantine`` schema).
+def stamped(rows: pa.Table, cfg: EngineConfig, batch_id: int, now: datetime) -> pa.Table:
+    """Every row with its stamp: the ``schedule`` columns and ``reason`` (null for a valid
+    row; a refused row's stamp columns mean nothing, it goes to ``quarantine``).
+
+    Args:
+        rows: ``commitlog`` rows (missing columns count as null).
+        cfg: the level table and the validation limits.
+        batch_id: the stamping batch, recorded as ``stamp_batch``.
+        now: the stamping time, recorded as ``stamped_ts``.
 
     Example:
-        >>> quarantined_rows(check(batch, cfg), 7, clock.now())  # doctest: +SKIP
+        >>> stamped(rows, cfg, 7, clock.now())["deliver_ts"]  # doctest: +SKIP
     """
-    return checked.where(F.col("reason").isNotNull()).select(
-        *[F.col(c) for c in column_names(COMMITLOG)],
-        F.col("reason"),
-        F.lit(batch_id).cast("long").alias("stamp_batch"),
-        F.lit(now).alias("quarantined_ts"),
+    n = rows.num_rows
+    columns = {}
+    for name in column_names(COMMITLOG):
+        if name in rows.column_names:
+            columns[name] = rows[name].combine_chunks()
+        else:
+            columns[name] = pa.nulls(n)
+    reason = rejection_reasons(rows, cfg)
+    timer = pc.is_valid(columns["deliver_at"]).to_numpy(zero_copy_only=False)
+    level_queue = queue_of(cfg.levels, columns["delay_level"])
+    queue = np.where(timer, TIMER_QUEUE, level_queue).astype(np.int32)
+    store = pc.cast(pc.cast(columns["store_ts"], _TS), pa.int64())
+    store_ms = pc.fill_null(pc.divide(store, 1000), 0).to_numpy(zero_copy_only=False)
+    delayed = (store_ms + delay_ms_of(cfg.levels, level_queue)) * 1000
+    deliver_at = pc.cast(pc.cast(columns["deliver_at"], _TS), pa.int64())
+    deliver_us = np.where(
+        timer, pc.fill_null(deliver_at, 0).to_numpy(zero_copy_only=False), delayed
     )
+    # A refused row may lack the times its stamp needs: its deliver time stays null.
+    unknown = pc.and_kleene(pc.is_valid(reason), pc.is_null(columns["store_ts"]))
+    deliver = pc.if_else(unknown, pa.scalar(None, pa.int64()), pa.array(deliver_us, pa.int64()))
+    columns.update(
+        queue_id=pa.array(queue, pa.int32()),
+        deliver_ts=pc.cast(deliver, _TS),
+        stamp_batch=pa.array(np.full(n, batch_id, dtype=np.int64)),
+        stamped_ts=pa.array([now] * n, _TS) if n else pa.array([], _TS),
+        revision=pa.array(np.zeros(n, dtype=np.int32)),
+        msg_id_hash=id_hashes(columns["msg_id"]),
+        reason=reason,
+    )
+    return pa.table(columns)
 
 
 def stamp(
-    df: DataFrame, cfg: EngineConfig, batch_id: int, now: datetime
-) -> tuple[DataFrame, DataFrame]:
+    rows: pa.Table, cfg: EngineConfig, batch_id: int, now: datetime
+) -> tuple[pa.Table, pa.Table]:
     """Split ``commitlog`` rows into stamped ``schedule`` rows and ``quarantine`` rows.
 
     Args:
-        df: rows with the ``commitlog`` schema.
+        rows: rows with the ``commitlog`` columns.
         cfg: supplies the level table and the validation limits.
-        batch_id: the stamping micro-batch, recorded as ``stamp_batch``.
+        batch_id: the stamping batch, recorded as ``stamp_batch``.
         now: the stamping time, recorded as ``stamped_ts`` / ``quarantined_ts``.
 
     Returns:
-        ``(scheduled, quarantined)`` with the ``schedule`` and ``quarantine`` schemas.
+        ``(scheduled, quarantined)`` with the ``schedule`` and ``quarantine`` columns.
+
+    Example:
+        >>> scheduled, quarantined = stamp(rows, cfg, 7, clock.now())  # doctest: +SKIP
     """
-    checked = check(df, cfg)
-    return scheduled_rows(checked, cfg, batch_id, now), quarantined_rows(checked, batch_id, now)
+    return split(stamped(rows, cfg, batch_id, now))
+
+
+def split(rows: pa.Table) -> tuple[pa.Table, pa.Table]:
+    """:func:`stamped` rows split by ``reason``: ``(schedule rows, quarantine rows)``.
+
+    Example:
+        >>> scheduled, quarantined = split(stamped(rows, cfg, 7, now))  # doctest: +SKIP
+    """
+    refused = pc.is_valid(rows["reason"])
+    scheduled = rows.filter(pc.invert(refused)).select(column_names(SCHEDULE))
+    refused_rows = rows.filter(refused)
+    quarantined = refused_rows.append_column("quarantined_ts", refused_rows["stamped_ts"])
+    return scheduled, quarantined.select(column_names(QUARANTINE))

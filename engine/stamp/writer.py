@@ -1,18 +1,19 @@
-"""The stamping stream's ``foreachBatch``: stamp, then append to ``schedule`` / ``quarantine``.
+"""Stamp a batch of ``commitlog`` rows and append them to ``schedule`` / ``quarantine``.
 
-One Spark job per micro-batch: the batch is checked and stamped by Spark
-(:mod:`engine.stamp.transform`) and collected as Arrow; the valid rows, sorted by queue and
+No Spark job: the rows come as Arrow (:mod:`engine.stamp.source`), are checked and stamped
+with pyarrow (:mod:`engine.stamp.transform`), and the valid rows, sorted by queue and
 deliver time, go to ``schedule`` and the refused ones to ``quarantine``, each in one delta-rs
 commit (:mod:`engine.lakehouse.arrow_delta`), about 20 ms where a Spark Delta write takes
 about a second here.
 
-Both writes are idempotent per micro-batch: a batch is written to a table only if its id is
-above the highest ``stamp_batch`` the table holds (looked up once, then tracked), so a batch
-Spark replays after a crash stores nothing twice.
+Both writes are idempotent per batch: each commit records the batch as the ``txn`` version
+of ``delayq-stamp`` (Spark's ``txnAppId``/``txnVersion``), and a batch is written to a table
+only if its id is above the one the table holds (tables stamped before the ``txn`` was
+recorded answer with their highest ``stamp_batch``), so a replayed batch stores nothing twice.
 
 Example:
-    >>> (spark.readStream.format("delta").load(lay.commitlog)          # doctest: +SKIP
-    ...     .writeStream.foreachBatch(StampWriter(cfg, lay, clock)).start())
+    >>> writer = StampWriter(cfg, lay, clock)  # doctest: +SKIP
+    >>> writer(source.read(files), batch_id=12)  # doctest: +SKIP
 """
 
 from __future__ import annotations
@@ -23,16 +24,14 @@ from datetime import datetime, timedelta
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
 
 from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.lakehouse.arrow_delta import ArrowDelta
+from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.layout import Layout
 from engine.stamp.dedup import SeenIds, Taken, duplicate_reasons, from_micros, taken_until
-from engine.stamp.transform import check, stamped
-from schemas import QUARANTINE, SCHEDULE, column_names
+from engine.stamp.transform import id_hashes, split, stamped
 
 STAMP_APP_ID = "delayq-stamp"
 #: The 64-bit hash of ``msg_id`` (a ``schedule`` column): the deduplication index's key.
@@ -43,11 +42,12 @@ EXPIRY_SLACK = timedelta(minutes=15)
 
 
 class StampWriter:
-    """The stamping stream's ``foreachBatch``: stamp, then append idempotently.
+    """Stamp a batch of ``commitlog`` rows, then append them idempotently.
 
     Example:
-        >>> (spark.readStream.format("delta").load(lay.commitlog)          # doctest: +SKIP
-        ...     .writeStream.foreachBatch(StampWriter(cfg, lay, clock)).start())
+        >>> writer = StampWriter(cfg, lay, clock)  # doctest: +SKIP
+        >>> writer(rows, 12)  # doctest: +SKIP
+        >>> writer(rows, 12)  # a replay: nothing is written twice  # doctest: +SKIP
     """
 
     def __init__(self, cfg: EngineConfig, layout: Layout, clock: Clock) -> None:
@@ -58,50 +58,40 @@ class StampWriter:
             layout.schedule: ArrowDelta(layout.schedule),
             layout.quarantine: ArrowDelta(layout.quarantine),
         }
-        self._written: dict[str, int] = {}  # table path -> highest stamp_batch it holds
+        self._written: dict[str, int] = {}  # table path -> highest batch it holds
         self._seen: SeenIds | None = None  # ids stamped in the dedup window, read when needed
 
-    def __call__(self, batch: DataFrame, batch_id: int) -> None:
-        """Stamp one micro-batch; safe to call again with the same ``batch_id``."""
+    def __call__(self, rows: pa.Table, batch_id: int) -> tuple[int, int]:
+        """Stamp one batch of ``commitlog`` rows; safe to call again with the same batch.
+
+        Returns:
+            How many rows went to ``schedule`` and to ``quarantine``.
+        """
         try:
-            self._stamp(batch, batch_id)
+            return self._stamp(rows, batch_id)
         except BaseException:
             # A retried batch must decide duplicates as the first try did: rebuild the ids
             # from `schedule` (batches before this one) instead of trusting the memory.
             self._seen = None
             raise
 
-    def _stamp(self, batch: DataFrame, batch_id: int) -> None:
-        spark = batch.sparkSession
+    def _stamp(self, batch: pa.Table, batch_id: int) -> tuple[int, int]:
         now = self.clock.now()
-        stamped_rows = stamped(check(batch, self.cfg), self.cfg, batch_id, now)
+        rows = stamped(batch, self.cfg, batch_id, now)
         dedup = self.cfg.dedup_window_ms > 0
-        rows = stamped_rows.toArrow()
         if dedup:
-            rows = self._mark_duplicates(spark, rows, batch_id, now)
-        refused = pc.is_valid(rows["reason"])
-        scheduled = rows.filter(pc.invert(refused))
+            rows = self._mark_duplicates(rows, batch_id, now)
+        scheduled, quarantined = split(rows)
         # One sorted run per queue: each file then spans a narrow deliver_ts range, which
         # the rounds' file skipping exploits.
         scheduled = scheduled.sort_by([("queue_id", "ascending"), ("deliver_ts", "ascending")])
-        self._append(
-            spark,
-            scheduled.select(column_names(SCHEDULE)),
-            self.layout.schedule,
-            batch_id,
-            self.cfg.stamp_file_rows,
-        )
+        self._append(scheduled, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
         if dedup and self._seen is not None and scheduled.num_rows:
             self._seen.add(scheduled[ID_HASH].to_numpy(), taken_until(scheduled))
-        refused_rows = rows.filter(refused)
-        quarantined = refused_rows.append_column("quarantined_ts", refused_rows["stamped_ts"])
-        self._append(
-            spark, quarantined.select(column_names(QUARANTINE)), self.layout.quarantine, batch_id
-        )
+        self._append(quarantined, self.layout.quarantine, batch_id)
+        return scheduled.num_rows, quarantined.num_rows
 
-    def _mark_duplicates(
-        self, spark: SparkSession, rows: pa.Table, batch_id: int, now: datetime
-    ) -> pa.Table:
+    def _mark_duplicates(self, rows: pa.Table, batch_id: int, now: datetime) -> pa.Table:
         """``rows`` with each later copy of an already stamped ``msg_id`` refused as a duplicate."""
         valid = pc.is_null(rows["reason"])
         candidates = rows.filter(valid)
@@ -115,7 +105,7 @@ class StampWriter:
         if self._seen is None or needed < self._seen.complete_from:
             # A restart, a retried batch, or rows stored long before the batch: read the
             # taken ids back from `schedule`, so the decision is the one the data gives.
-            self._seen = seen_ids(spark, self._tables[self.layout.schedule], batch_id, bound)
+            self._seen = seen_ids(self._tables[self.layout.schedule], batch_id, bound)
         elif bound > self._seen.complete_from + window / 8:
             self._seen.expire(bound)  # now and then: it goes through every id
         reasons = duplicate_reasons(
@@ -166,20 +156,21 @@ class StampWriter:
             )
         }
 
-    def _holds(self, spark: SparkSession, path: str, batch_id: int) -> bool:
+    def _holds(self, path: str, batch_id: int) -> bool:
         """Whether the table already holds this batch (a replay of a batch it received)."""
         if path not in self._written:
-            self._written[path] = highest_batch(spark, path)
+            self._written[path] = highest_batch(self._tables[path])
         return batch_id <= self._written[path]
 
-    def _append(
-        self, spark: SparkSession, rows: pa.Table, path: str, batch_id: int, file_rows: int = 0
-    ) -> None:
-        if rows.num_rows == 0 or self._holds(spark, path, batch_id):
+    def _append(self, rows: pa.Table, path: str, batch_id: int, file_rows: int = 0) -> None:
+        if rows.num_rows == 0 or self._holds(path, batch_id):
             return  # nothing to store, or a replayed batch that reached this table before
         try:
             self._tables[path].append(
-                rows, metadata=f"{STAMP_APP_ID} batch {batch_id}", file_rows=file_rows
+                rows,
+                txn=Txn(STAMP_APP_ID, batch_id),
+                metadata=f"{STAMP_APP_ID} batch {batch_id}",
+                file_rows=file_rows,
             )
         except BaseException:
             # The commit may have landed although the call failed: look it up again.
@@ -188,16 +179,16 @@ class StampWriter:
         self._written[path] = batch_id
 
 
-def seen_ids(spark: SparkSession, table: ArrowDelta, batch_id: int, since: datetime) -> SeenIds:
+def seen_ids(table: ArrowDelta, batch_id: int, since: datetime) -> SeenIds:
     """The ids stamped by batches before ``batch_id`` and taken until ``since`` or later.
 
-    Read with delta-rs from ``msg_id_hash`` and the two times (24 bytes a row, no Spark job);
-    rows stamped before the column existed are hashed by Spark.
+    Read with delta-rs from ``msg_id_hash`` and the two times (24 bytes a row); rows stamped
+    before the column existed are hashed here from their ``msg_id``.
 
     Example:
         >>> since = clock.now() - timedelta(hours=2)
         >>> table = ArrowDelta(lay.schedule)  # doctest: +SKIP
-        >>> len(seen_ids(spark, table, 12, since))  # doctest: +SKIP
+        >>> len(seen_ids(table, 12, since))  # doctest: +SKIP
         4200
     """
     seen = SeenIds(complete_from=since)
@@ -211,30 +202,33 @@ def seen_ids(spark: SparkSession, table: ArrowDelta, batch_id: int, since: datet
         & (revision.is_null() | (revision == 0))
         & ((store >= at) | (deliver >= at))
     )
-    rows = table.dataset(version).to_table(
-        columns=[ID_HASH, "store_ts", "deliver_ts"], filter=chosen
-    )
-    if rows[ID_HASH].null_count:  # rows stamped by an older version: Spark hashes them
-        older = (
-            spark.read.format("delta")
-            .option("versionAsOf", version)
-            .load(table.path)
-            .where(
-                F.col(ID_HASH).isNull()
-                & (F.col("stamp_batch") < batch_id)
-                & (F.coalesce(F.col("revision"), F.lit(0)) == 0)
-                & ((F.col("store_ts") >= F.lit(since)) | (F.col("deliver_ts") >= F.lit(since)))
-            )
-            .select(F.xxhash64("msg_id").alias(ID_HASH), "store_ts", "deliver_ts")
-            .toArrow()
+    snapshot = table.dataset(version)
+    rows = snapshot.to_table(columns=[ID_HASH, "store_ts", "deliver_ts"], filter=chosen)
+    if rows[ID_HASH].null_count:  # rows stamped by an older version: hash them here
+        older = snapshot.to_table(
+            columns=["msg_id", "store_ts", "deliver_ts"],
+            filter=chosen & pc.field(ID_HASH).is_null(),
         )
         hashed = rows.filter(pc.is_valid(rows[ID_HASH]))
-        rows = pa.concat_tables([hashed, older.cast(rows.schema)])
+        rehashed = pa.table(
+            {
+                ID_HASH: id_hashes(older["msg_id"]),
+                "store_ts": older["store_ts"],
+                "deliver_ts": older["deliver_ts"],
+            }
+        )
+        rows = pa.concat_tables([hashed, rehashed.cast(rows.schema)])
     seen.add(np.asarray(rows[ID_HASH].to_numpy(), dtype=np.int64), taken_until(rows))
     return seen
 
 
-def highest_batch(spark: SparkSession, path: str) -> int:
-    """The highest ``stamp_batch`` in a table (-1 when empty); Delta answers from file stats."""
-    row = spark.read.format("delta").load(path).agg(F.max("stamp_batch")).first()
-    return -1 if row is None or row[0] is None else int(row[0])
+def highest_batch(table: ArrowDelta) -> int:
+    """The highest stamping batch a table holds (-1 when none): its ``delayq-stamp`` txn, or
+    for rows stamped before that was recorded, the files' ``stamp_batch`` statistics.
+
+    Example:
+        >>> highest_batch(ArrowDelta(lay.schedule))  # doctest: +SKIP
+        41
+    """
+    recorded = table.txn_version(STAMP_APP_ID)
+    return max(-1 if recorded is None else recorded, table.max_of("stamp_batch"))

@@ -2,7 +2,7 @@
 
 A tool that ships with the project, not part of the library (it needs matplotlib).
 
-Every workload runs the real engine (stamping stream and delivery loop, real clock) on a
+Every workload runs the real engine (stamping and delivery loops, real clock) on a
 fresh lakehouse under the output folder, in the same Spark application as the load
 generator (the embedded default: one JVM on the machine's cores).
 
@@ -44,6 +44,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
@@ -53,7 +54,7 @@ from engine.core.levels import parse_levels
 from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.fs import jvm
 from engine.lakehouse.layout import layout
-from engine.produce.send import send_df
+from engine.produce.send import send_arrow, send_df
 from engine.run.engine import Engine
 
 log = logging.getLogger("delayq.bench")
@@ -145,6 +146,34 @@ def load_frame(
     )
 
 
+def load_table(
+    n: int,
+    tag: str,
+    topics: int,
+    now: datetime,
+    timer_share: float = 0.5,
+    lead_ms: int = 0,
+    seed: int = 0,
+) -> pa.Table:
+    """:func:`load_frame`'s messages as an Arrow table, made on the driver for
+    :func:`send_arrow` (the producer's fast path)."""
+    rng = np.random.default_rng(seed)
+    ids = np.arange(n)
+    timer = rng.random(n) < timer_share
+    due_ms = to_millis(now) + lead_ms + (rng.random(n) * TIMER_SPREAD_MS).astype(np.int64)
+    levels = pa.array((ids % 3 + 1).astype(np.int32), mask=timer)
+    deliver = pa.array(due_ms * 1000, pa.int64(), mask=~timer).cast(pa.timestamp("us", tz="UTC"))
+    return pa.table(
+        {
+            "topic": pa.array([f"bench_{i % topics}" for i in range(n)], pa.string()),
+            "body": pa.array([f"{tag}-{i}".encode() for i in range(n)], pa.binary()),
+            "tags": pa.array([tag] * n, pa.string()),
+            "delay_level": levels,
+            "deliver_at": deliver,
+        }
+    )
+
+
 class Producer(threading.Thread):
     """Sends ``rate`` messages per second for ``seconds``, batching like a real producer.
 
@@ -179,16 +208,16 @@ class Producer(threading.Thread):
                 t = time.monotonic()
                 due = round(self.rate * min(t - started + 1, self.seconds)) - self.sent
                 if due > 0:
-                    frame = load_frame(
-                        self.spark,
+                    rows = load_table(
                         due,
                         self.tag,
                         self.topics,
                         clock.now(),
                         timer_share=1.0 if self.lead_ms else 0.5,
                         lead_ms=self.lead_ms,
+                        seed=tick,
                     )
-                    self.sent += send_df(self.spark, self.cfg, frame, clock)
+                    self.sent += send_arrow(self.spark, self.cfg, rows, clock)
                     self.send_seconds.append(time.monotonic() - t)
                 tick += 1
                 time.sleep(max(0.0, started + tick - time.monotonic()))
@@ -373,27 +402,26 @@ def round_stats(engine: Engine, since: int) -> dict[str, Any]:
 
 
 def stamp_stats(engine: Engine, since_batch: int) -> dict[str, Any]:
-    """Stamping micro-batches after ``since_batch``: durations by Spark's stages."""
-    query = next((q for q in engine.queries if q.name == "delayq-stamp"), None)
-    progress = [p for p in (query.recentProgress if query else []) if p["batchId"] > since_batch]
-    busy = [p for p in progress if p["numInputRows"]]
+    """Stamping batches after ``since_batch``: how many, their size, and their time by stage
+    (``read``: the new files as Arrow; ``write``: check, stamp, dedup, the two commits)."""
+    busy = [b for b in list(engine.stamper.stats.recent) if b.batch > since_batch and b.rows]
     if not busy:
         return {"batches": 0}
-    durations: dict[str, list[float]] = {}
-    for p in busy:
-        for name, ms in p["durationMs"].items():
-            durations.setdefault(name, []).append(ms / 1000)
     return {
         "batches": len(busy),
-        "rows_per_batch_mean": _mean([p["numInputRows"] for p in busy]),
-        "stage_mean_s": {name: _mean(v) for name, v in sorted(durations.items())},
+        "rows_per_batch_mean": _mean([b.rows for b in busy]),
+        "batch_p95_s": _pct([b.seconds for b in busy], 0.95),
+        "stage_mean_s": {
+            "batch": _mean([b.seconds for b in busy]),
+            "read": _mean([b.read_s for b in busy]),
+            "write": _mean([b.write_s for b in busy]),
+        },
     }
 
 
 def _last_stamp_batch(engine: Engine) -> int:
-    query = next((q for q in engine.queries if q.name == "delayq-stamp"), None)
-    last = query.lastProgress if query else None
-    return int(last["batchId"]) if last else -1
+    recent = engine.stamper.stats.recent
+    return recent[-1].batch if recent else -1
 
 
 def _mean(values: Sequence[float]) -> float | None:

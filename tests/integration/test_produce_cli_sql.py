@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pyarrow as pa
 import pytest
 from chispa import assert_df_equality
 from pyspark.sql import SparkSession
@@ -21,7 +22,7 @@ from engine.core.errors import InvalidMessageError
 from engine.lakehouse.catalog import register_all
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
-from engine.produce.send import Message, send, send_df, send_many
+from engine.produce.send import Message, send, send_arrow, send_df, send_many
 from engine.run.engine import Engine
 from tests.support.process import cli
 
@@ -73,6 +74,31 @@ def test_send_dataframe(spark: SparkSession, cfg: EngineConfig, clock: FakeClock
     bad = spark.createDataFrame([("orders", None)], "topic string, body string")
     with pytest.raises(InvalidMessageError, match="body is missing"):
         send_df(spark, cfg, bad, clock)
+    assert commitlog(spark, cfg).count() == 2
+
+
+def test_send_arrow_checks_every_row_and_commits_once(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    rows = pa.table(
+        {
+            "topic": ["orders", "audit"],
+            "body": [b"a", b"b"],
+            "delay_level": pa.array([2, None], pa.int32()),
+            "msg_id": ["order-1:paid", None],
+        }
+    )
+    assert send_arrow(spark, cfg, rows, clock) == 2
+    stored = {r["topic"]: r for r in commitlog(spark, cfg).collect()}
+    assert stored["orders"]["msg_id"] == "order-1:paid" and stored["orders"]["delay_level"] == 2
+    assert len(stored["audit"]["msg_id"]) == 32  # made here
+    now = clock.now().replace(tzinfo=None)  # Spark shows UTC times without a zone
+    assert stored["audit"]["store_ts"] == now == stored["audit"]["born_ts"]
+    bad = pa.table({"topic": ["orders", "orders"], "body": [b"ok", None]})
+    with pytest.raises(InvalidMessageError, match="body is missing"):
+        send_arrow(spark, cfg, bad, clock)
+    with pytest.raises(InvalidMessageError, match="not commitlog columns"):
+        send_arrow(spark, cfg, pa.table({"topic": ["x"], "body": [b"y"], "color": ["z"]}), clock)
     assert commitlog(spark, cfg).count() == 2
 
 

@@ -1,18 +1,21 @@
-"""Stamping as a transform on small inline DataFrames, and its writer across replays."""
+"""Stamping as a transform on small inline tables, and its writer across replays."""
 
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pyarrow as pa
 import pytest
-from chispa import assert_df_equality
 from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
 from engine.lakehouse.tables import ensure_tables
+from engine.produce.send import Message, send_df, send_many
+from engine.run.engine import Engine
+from engine.stamp.stamper import Stamper
 from engine.stamp.transform import stamp
 from engine.stamp.writer import StampWriter
 from schemas import COMMITLOG
@@ -26,11 +29,12 @@ def commitlog_rows(
     spark: SparkSession,
     rows: list[tuple[str, str | None, bytes | None, int | None]],
     store_ts: datetime = T0,
-):  # type: ignore[no-untyped-def]
+) -> pa.Table:
+    """``commitlog`` rows as stamping reads them (Arrow, in the table's types)."""
     return spark.createDataFrame(
         [(m, t, [], None, {}, b, lvl, store_ts, store_ts, None) for m, t, b, lvl in rows],
         COMMITLOG,
-    )
+    ).toArrow()
 
 
 def stored(spark: SparkSession, path: str) -> list[tuple[str, int]]:
@@ -56,18 +60,14 @@ def test_stamp_sets_queue_and_deliver_time_and_quarantines(spark: SparkSession) 
         ],
     )
     scheduled, quarantined = stamp(df, CFG, batch_id=7, now=T0)
-    got = scheduled.select("msg_id", "queue_id", "deliver_ts", "stamp_batch")
-    expected = spark.createDataFrame(
-        [
-            ("now", 0, T0, 7),
-            ("neg", 0, T0, 7),
-            ("l2", 2, T0 + timedelta(seconds=2), 7),
-            ("l9", 3, T0 + timedelta(seconds=3), 7),
-        ],
-        "msg_id string, queue_id int, deliver_ts timestamp, stamp_batch long",
-    )
-    assert_df_equality(got, expected, ignore_row_order=True, ignore_nullable=True)
-    reasons = {r["msg_id"]: r["reason"] for r in quarantined.collect()}
+    got = scheduled.select(["msg_id", "queue_id", "deliver_ts", "stamp_batch"]).to_pylist()
+    assert sorted(got, key=lambda r: r["msg_id"]) == [
+        {"msg_id": "l2", "queue_id": 2, "deliver_ts": T0 + timedelta(seconds=2), "stamp_batch": 7},
+        {"msg_id": "l9", "queue_id": 3, "deliver_ts": T0 + timedelta(seconds=3), "stamp_batch": 7},
+        {"msg_id": "neg", "queue_id": 0, "deliver_ts": T0, "stamp_batch": 7},
+        {"msg_id": "now", "queue_id": 0, "deliver_ts": T0, "stamp_batch": 7},
+    ]
+    reasons = {r["msg_id"]: r["reason"] for r in quarantined.to_pylist()}
     assert reasons == {
         "big": "body is 9 bytes, over messages.max_body_bytes=8",
         "notopic": "topic is missing",
@@ -103,7 +103,7 @@ def test_a_message_id_is_stamped_once_and_later_copies_are_duplicates(
     later = T0 + timedelta(seconds=5)
     first = commitlog_rows(spark, [("A", "orders", b"1", 1), ("B", "orders", b"b", 1)])
     # The same id twice in one batch (two writers): the earlier store time is kept.
-    same_batch = first.unionByName(commitlog_rows(spark, [("A", "audit", b"2", 2)], later))
+    same_batch = pa.concat_tables([first, commitlog_rows(spark, [("A", "audit", b"2", 2)], later)])
     writer = StampWriter(cfg, lay, clock)
     writer(same_batch, 0)
     writer(commitlog_rows(spark, [("A", "orders", b"3", 1), ("C", "orders", b"c", 1)], later), 1)
@@ -169,7 +169,7 @@ def test_dedup_off_stamps_every_copy(spark: SparkSession, make_cfg: object) -> N
 def test_a_copy_stamped_long_after_it_was_stored_is_still_a_duplicate(
     spark: SparkSession, make_cfg: object
 ) -> None:
-    # The stamping stream fell 40 minutes behind (a backlog after downtime): the ids the
+    # Stamping fell 40 minutes behind (a backlog after downtime): the ids the
     # batch needs must not be forgotten when the writer trims its memory.
     cfg, lay, clock = short_window(spark, make_cfg)
     writer = StampWriter(cfg, lay, clock)
@@ -196,3 +196,83 @@ def test_rows_stamped_before_the_hash_column_existed_still_make_copies_duplicate
 
     assert stored(spark, lay.schedule) == [("A", 0), ("B", 1), ("C", 2)]
     assert stored(spark, lay.quarantine) == [("A", 2), ("B", 2)]
+
+
+# --------------------------------------------------------------------------- the stamper
+
+
+def schedule_ids(spark: SparkSession, path: str) -> list[str]:
+    return sorted(r["msg_id"] for r in spark.read.format("delta").load(path).collect())
+
+
+def test_a_commit_larger_than_a_batch_is_stamped_in_parts_and_a_crash_replays_its_plan(
+    spark: SparkSession, make_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cfg = make_cfg(stamp_max_files=1)
+    clock = FakeClock(T0)
+    lay = ensure_tables(spark, cfg)
+    three_files = spark.range(30).selectExpr("'orders' AS topic", "CAST(id AS STRING) AS body")
+    send_df(spark, cfg, three_files.repartition(3), clock)  # one commit, three files
+    stamper = Stamper(spark, cfg, lay, clock)
+    first = stamper.run_batch()
+    assert first is not None and first.files == 1
+
+    real = StampWriter._append
+    calls = {"n": 0}
+
+    def crash_after_schedule(self: StampWriter, rows: pa.Table, path: str, *args: Any) -> None:
+        real(self, rows, path, *args)
+        calls["n"] += 1
+        raise OSError("the process died here")
+
+    monkeypatch.setattr(StampWriter, "_append", crash_after_schedule)
+    with pytest.raises(OSError):
+        stamper.run_batch()  # batch 1 planned, its schedule rows written, then a crash
+    monkeypatch.setattr(StampWriter, "_append", real)
+
+    restarted = Stamper(spark, cfg, lay, clock)
+    assert restarted.run_available() == 20  # batch 1 again (same file), then batch 2
+    ids = schedule_ids(spark, lay.schedule)
+    assert len(ids) == 30 and len(set(ids)) == 30
+    assert sorted({b for _, b in stored(spark, lay.schedule)}) == [0, 1, 2]
+
+
+def test_rows_rewritten_in_commitlog_are_not_stamped_again(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    clock = FakeClock(T0)
+    lay = ensure_tables(spark, cfg)
+    send_many(spark, cfg, [Message("orders", "a"), Message("orders", "b")], clock)
+    stamper = Stamper(spark, cfg, lay, clock)
+    stamper.run_available()
+    spark.sql(f"UPDATE delta.`{lay.commitlog}` SET tags = 'x' WHERE body = CAST('a' AS BINARY)")
+    spark.sql(f"DELETE FROM delta.`{lay.commitlog}` WHERE body = CAST('b' AS BINARY)")
+    [later] = send_many(spark, cfg, [Message("orders", "c")], clock)
+    assert stamper.run_available() == 1
+    assert later in schedule_ids(spark, lay.schedule)
+    assert len(schedule_ids(spark, lay.schedule)) == 3
+
+
+def test_a_lakehouse_stamped_by_the_spark_stream_carries_on_from_its_last_batch(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    clock = FakeClock(T0)
+    lay = ensure_tables(spark, cfg)
+    before = send_many(spark, cfg, [Message("orders", str(i)) for i in range(3)], clock)
+    more = send_many(spark, cfg, [Message("audit", "x")], clock)
+    writer = StampWriter(cfg, lay, clock)
+    # What an earlier version ran: a Delta stream on commitlog with a foreachBatch.
+    query = (
+        spark.readStream.format("delta")
+        .load(lay.commitlog)
+        .writeStream.foreachBatch(lambda df, batch: writer(df.toArrow(), batch))
+        .option("checkpointLocation", lay.checkpoint("stamp"))
+        .trigger(availableNow=True)
+        .start()
+    )
+    query.awaitTermination()
+    after = send_many(spark, cfg, [Message("orders", "late")], clock)
+
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    engine.stamp_available()
+    assert schedule_ids(spark, lay.schedule) == sorted([*before, *more, *after])

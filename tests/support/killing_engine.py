@@ -26,8 +26,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from engine.cli import main
-from engine.deliver.offset_log import OffsetLog
 from engine.deliver.sinks import DeltaTopicSink
+from engine.lakehouse.offset_log import OffsetLog
 from engine.stamp.writer import StampWriter
 
 POINTS = ("plan", "topic-before", "topic-after", "offset-temp", "stamp-after")
@@ -74,8 +74,8 @@ def arm(point: str, nth: int) -> None:
 
     stamp_append: Callable[..., None] = StampWriter._append
 
-    def append_stamped(self: StampWriter, spark: Any, rows: Any, path: str, *args: Any) -> None:
-        stamp_append(self, spark, rows, path, *args)
+    def append_stamped(self: StampWriter, rows: Any, path: str, *args: Any) -> None:
+        stamp_append(self, rows, path, *args)
         if point == "stamp-after" and path == self.layout.schedule and rows.num_rows:
             reached()
 

@@ -1,4 +1,4 @@
-"""The delayOffset checkpoint: a log of small JSON files, one per delivery round.
+"""Logs of small JSON files, one per round: the delayOffset checkpoint and stamping's plans.
 
 Like Spark's own offset log (and RocketMQ's ``delayOffset.json``, without its lost updates)
 each round's progress is a new file, written atomically (hidden temp file, then rename)
@@ -9,6 +9,7 @@ through Hadoop's FileSystem, so it works on local disks, HDFS and object stores 
 
 Each file holds JSON lines with the ``DELAY_OFFSET`` schema: one line per queue. Only the
 newest ``retain`` rounds are kept. SQL sees the log as the view ``<database>.delay_offset``.
+Stamping plans its batches in a log of the same kind (``_checkpoints/stamp/batches``).
 """
 
 from __future__ import annotations
