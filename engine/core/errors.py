@@ -47,6 +47,10 @@ class DeliveryError(DelayQError):
     """Raised when delivery rounds keep failing (not a transient fault): the engine stops."""
 
 
+class StampError(DelayQError):
+    """Raised when stamping batches keep failing (not a transient fault): the engine stops."""
+
+
 class CheckpointError(DelayQError):
     """Raised when the delayOffset checkpoint is inconsistent with the tables it guards."""
 

@@ -19,8 +19,11 @@ import re
 from engine.core.errors import ConsumerError, InvalidMessageError
 
 #: Topic names: a SQL identifier, so that the topic's table can be named in SQL.
-TOPIC_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-_TOPIC = re.compile(TOPIC_PATTERN)
+TOPIC_CHARS = r"[A-Za-z_][A-Za-z0-9_]{0,127}"
+#: The whole name, for Spark (Java) and pyarrow (RE2) alike: ``\z`` is the very end, where
+#: ``$`` would also accept a name ending in a line break.
+TOPIC_PATTERN = f"^{TOPIC_CHARS}\\z"
+_TOPIC = re.compile(TOPIC_CHARS)
 #: The engine's own tables, made when the engine or a producer first opens a lakehouse.
 ENGINE_TABLES = ("commitlog", "schedule", "quarantine", "commands", "command_results")
 #: Tables made on first use; registered by name when present.
@@ -49,7 +52,7 @@ def check_topic(topic: object, internal: bool = False) -> str:
     """
     if not isinstance(topic, str) or not topic:
         raise InvalidMessageError("topic", topic, "a topic is required")
-    if not _TOPIC.match(topic):
+    if not _TOPIC.fullmatch(topic):
         raise InvalidMessageError(
             "topic", topic, "must be letters, digits and _ (not starting with a digit), <= 128"
         )

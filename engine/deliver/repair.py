@@ -47,8 +47,9 @@ def check_checkpoints(
     Raises:
         CheckpointError: saying which checkpoint is missing and what to do.
     """
-    # Looks at schedule only when the stamping log is missing.
-    if not stamped and ArrowDelta(layout.schedule).max_of("stamp_batch") >= 0:
+    # Looks at the tables (their statistics) only when the stamping log is missing.
+    tables = (layout.schedule, layout.quarantine)
+    if not stamped and max(ArrowDelta(t).max_of("stamp_batch") for t in tables) >= 0:
         raise CheckpointError(
             f"{layout.schedule} holds stamped rows but the stamping checkpoint "
             f"{layout.checkpoint('stamp')} is missing: restore it, or start from an "

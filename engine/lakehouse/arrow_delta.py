@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
+from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -156,11 +157,6 @@ class ArrowDelta:
             table = self._table or self._latest_table()
             if table is None:
                 raise FileNotFoundError(f"no Delta table at {self.path}")
-            schema = pa.schema(table.schema().to_arrow())
-            extra = sorted(set(rows.column_names) - set(schema.names))
-            if extra:
-                raise ValueError(f"{self.path} has no column {', '.join(extra)}")
-            data = rows.select(schema.names).cast(schema)
             custom: dict[str, object] = {"isBlindAppend": True}  # as Spark's appends say
             if metadata is not None:
                 custom["userMetadata"] = metadata
@@ -169,6 +165,11 @@ class ArrowDelta:
                 app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None,
             )
             for attempt in range(1, APPEND_ATTEMPTS + 1):
+                schema = pa.schema(table.schema().to_arrow())
+                extra = sorted(set(rows.column_names) - set(schema.names))
+                if extra:
+                    raise ValueError(f"{self.path} has no column {', '.join(extra)}")
+                data = rows.select(schema.names).cast(schema)
                 try:
                     write_deltalake(
                         table,
@@ -181,10 +182,11 @@ class ArrowDelta:
                     )
                     break
                 except CommitFailedError:
-                    # Nothing landed: a commit since this handle's snapshot removed files
-                    # (a DELETE, UPDATE or OPTIMIZE). Rows appended do not depend on what was
-                    # read, so the same append on the new snapshot is right, unless its txn
-                    # has been recorded by now (another writer of the same batch).
+                    # Nothing landed: delta-rs found a conflict with a commit made since this
+                    # handle's snapshot (seen here after a Spark DELETE or UPDATE). Appended
+                    # rows do not depend on what was read, so the same append on the new
+                    # snapshot is right, unless its txn has been recorded by now (another
+                    # writer of the same batch).
                     if attempt == APPEND_ATTEMPTS:
                         raise
                     table.update_incremental()
@@ -221,15 +223,23 @@ class ArrowDelta:
             actions = pa.table(table.get_add_actions(flatten=True))
             files = table.to_pyarrow_dataset(parquet_read_options=READ_OPTIONS)
         stat = f"max.{column}"
-        best = -1
-        if stat in actions.column_names:
-            found = pc.max(actions[stat]).as_py()
-            best = -1 if found is None else int(found)
-            missing = actions.filter(pc.is_null(actions[stat]))
-            if missing.num_rows == 0:
-                return best
-        found = pc.max(files.to_table(columns=[column])[column]).as_py()
-        return max(best, -1 if found is None else int(found))
+        if actions.num_rows == 0:
+            return -1
+        if stat not in actions.column_names:
+            found = pc.max(files.to_table(columns=[column])[column]).as_py()
+            return -1 if found is None else int(found)
+        found = pc.max(actions[stat]).as_py()
+        best = -1 if found is None else int(found)
+        # A file whose statistic is null holds only nulls there, or has no statistics.
+        unknown = actions.filter(pc.is_null(actions[stat]))
+        if unknown.num_rows:
+            root = delta_uri(self.path)
+            paths = [f"{root}/{unquote(p)}" for p in unknown["path"].to_pylist()]
+            fmt = ds.ParquetFileFormat(read_options=READ_OPTIONS)
+            values = ds.dataset(paths, format=fmt).to_table(columns=[column])[column]
+            found = pc.max(values).as_py()
+            best = max(best, -1 if found is None else int(found))
+        return best
 
     def committed_with(self, metadata: str, lookback: int) -> bool:
         """Whether one of the last ``lookback`` commits carries ``userMetadata``."""

@@ -67,13 +67,25 @@ class OffsetLog:
         """The file of a round: ``<20 digits>.json`` or ``<20 digits>.plan.json``."""
         return f"{round_:020d}{'.plan' if planned else ''}.json"
 
-    def write(self, round_: int, rows: Iterable[Mapping[str, Any]], planned: bool = False) -> None:
-        """Write one round's rows atomically; an existing file of that name is replaced."""
+    def write(
+        self,
+        round_: int,
+        rows: Iterable[Mapping[str, Any]],
+        planned: bool = False,
+        exclusive: bool = False,
+    ) -> None:
+        """Write one round's rows atomically; an existing file of that name is replaced.
+
+        Raises:
+            FileExistsError: ``exclusive`` and the round's file exists (another writer).
+        """
         text = "".join(json.dumps(dict(row), default=str) + "\n" for row in rows)
         if not self._made:
             self._fs.mkdirs(self._dir)
             self._made = True
         final = self._jvm.org.apache.hadoop.fs.Path(self._dir, self.file_name(round_, planned))
+        if exclusive and self._fs.exists(final):
+            raise FileExistsError(f"{self.path}/{self.file_name(round_, planned)} exists")
         temp = self._jvm.org.apache.hadoop.fs.Path(self._dir, f".tmp-{uuid.uuid4().hex}")
         stream = self._fs.create(temp, True)
         try:

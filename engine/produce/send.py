@@ -22,7 +22,6 @@ Example:
 
 from __future__ import annotations
 
-import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -51,18 +50,13 @@ from schemas import COMMITLOG, column_names
 
 __all__ = ["Message", "send", "send_arrow", "send_df", "send_many"]
 
-#: One delta-rs handle per ``commitlog`` (kept open: an append needs no log replay).
-_COMMITLOGS: dict[str, ArrowDelta] = {}
-_HANDLES = threading.Lock()
+#: Columns ``send_arrow`` takes as timestamps only (an integer could be ms, s or us).
+_TIMES = ("born_ts", "deliver_at")
 
 
 def _commitlog(spark: SparkSession, cfg: EngineConfig) -> ArrowDelta:
-    lay = ensure_tables(spark, cfg, migrate=False)
-    with _HANDLES:
-        handle = _COMMITLOGS.get(lay.commitlog)
-        if handle is None:
-            handle = _COMMITLOGS[lay.commitlog] = ArrowDelta(lay.commitlog)
-        return handle
+    """A fresh delta-rs handle on ``commitlog`` (opening one reads the log: a few ms)."""
+    return ArrowDelta(ensure_tables(spark, cfg, migrate=False).commitlog)
 
 
 def send_many(
@@ -133,6 +127,11 @@ def send_arrow(
     """
     clock = clock or SystemClock()
     _check_columns(rows.column_names)
+    for name in _TIMES:
+        if name in rows.column_names and not pa.types.is_timestamp(rows.schema.field(name).type):
+            raise InvalidMessageError(
+                name, str(rows.schema.field(name).type), "must be a timestamp column"
+            )
     commitlog = _commitlog(spark, cfg)
     schema = commitlog.schema()
     n = int(rows.num_rows)

@@ -30,7 +30,7 @@ from pyspark.sql import SparkSession
 from engine.control.status import Status, read_status
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
-from engine.core.errors import DelayQError, DeliveryError, RetryableError
+from engine.core.errors import DelayQError, DeliveryError, RetryableError, StampError
 from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
@@ -206,7 +206,7 @@ class Engine:
         failing += 1
         if failing >= MAX_FAILED_ROUNDS:
             last = f"{type(err).__name__}: {err}".splitlines()[0][:300]
-            raise DeliveryError(f"{failing} stamping batches failed in a row; last: {last}")
+            raise StampError(f"{failing} stamping batches failed in a row; last: {last}")
         log.exception("stamping batch failed; retrying in %.0f s", ERROR_BACKOFF_S)
         self._stopping.wait(ERROR_BACKOFF_S)
         return failing
@@ -253,7 +253,7 @@ class Engine:
     def start(self) -> None:
         """Start the stamping and delivery stages in the background."""
         self.open()
-        if self._loop is not None and self._loop.is_alive():
+        if any(t is not None and t.is_alive() for t in (self._loop, self._stamp_loop)):
             raise RuntimeError("the engine is running: stop() it before starting it again")
         self._stopping.clear()
         self._loop_error = None

@@ -10,9 +10,13 @@ What a version holds:
 
 * files it adds with ``dataChange`` (a producer's append, Spark's or delta-rs's): stamped;
 * files it adds or removes without ``dataChange`` (``OPTIMIZE``): nothing new, skipped;
-* data it removes (a ``DELETE``): ignored, as Delta's ``ignoreDeletes`` does;
-* rows it rewrites (an ``UPDATE`` or ``MERGE`` adds files and removes others): those rows
-  were stamped already, so the version is skipped with a warning naming it.
+* data a ``DELETE`` removes (with the rest of each file it touches added back): ignored, as
+  Delta's ``ignoreDeletes`` does;
+* rows an ``UPDATE`` rewrites: stamped already, so the version is skipped with a warning;
+* any other commit that removes data while adding some (``MERGE``, an overwrite,
+  ``RESTORE``): stamping cannot tell new messages from old ones and stops with
+  :class:`~engine.core.errors.CheckpointError` naming the version (``commitlog`` is
+  append-only; Spark's Delta stream fails there too).
 
 Example:
     >>> source = CommitlogSource("/lake/commitlog")  # doctest: +SKIP
@@ -99,9 +103,9 @@ class CommitlogSource:
                 actions = [json.loads(line) for line in entry if line.strip()]
         except FileNotFoundError as err:
             raise CheckpointError(
-                f"{self.path} version {version} is not in its Delta log any more (removed by "
-                "log retention while the engine was stopped?): stamping cannot tell which "
-                "messages it added"
+                f"{self.path} version {version} is not in its Delta log any more (removed "
+                "after delta.logRetentionDuration while nothing stamped it): stamping cannot "
+                "tell which messages it added"
             ) from err
         adds = [a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
         removes = [a["remove"] for a in actions if "remove" in a]
@@ -109,18 +113,28 @@ class CommitlogSource:
             self._schema = None  # columns added: read the schema again
         changed = [r for r in removes if r.get("dataChange", True)]
         if adds and changed:
+            info: dict[str, object] = next(
+                (a["commitInfo"] for a in actions if "commitInfo" in a), {}
+            )
+            operation = str(info.get("operation", "unknown"))
+            if operation not in ("DELETE", "UPDATE"):
+                raise CheckpointError(
+                    f"{self.path} version {version} ({operation}) removes rows and adds "
+                    "others: commitlog is append-only, and stamping cannot tell new messages "
+                    "from ones stamped before"
+                )
             log.warning(
-                "%s version %d rewrites rows already stamped (an UPDATE or MERGE on "
-                "commitlog?); its files are not stamped again",
+                "%s version %d (%s) rewrites rows already stamped; they are not stamped again",
                 self.path,
                 version,
+                operation,
             )
             adds = []
         for add in adds:
-            if add.get("deletionVector"):
+            if add.get("deletionVector") or add.get("partitionValues"):
                 raise CheckpointError(
-                    f"{self.path} version {version} adds a file with deleted rows "
-                    "(deletion vectors): commitlog must stay append-only"
+                    f"{self.path} version {version} adds a file with deleted rows or in a "
+                    "partition: commitlog must stay an unpartitioned append-only table"
                 )
         found = [
             Added(version, i, self._local(add["path"]), int(add.get("size") or 0))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -37,7 +38,7 @@ from engine.lakehouse.fs import list_files, read_text
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.offset_log import OffsetLog
 from engine.stamp.source import CommitlogSource, Position
-from engine.stamp.writer import StampWriter
+from engine.stamp.writer import StampWriter, highest_batch
 
 log = logging.getLogger(__name__)
 
@@ -123,6 +124,7 @@ class Stamper:
         self._next_batch = 0
         self._replay: StampPlan | None = None
         self._opened = False
+        self._lock = threading.Lock()  # one batch at a time (the engine's loop, step())
 
     @property
     def position(self) -> Position:
@@ -145,12 +147,21 @@ class Stamper:
         if self._opened:
             return self
         last, rows, _ = self.plans.latest()
-        plan = StampPlan.from_row(rows[0]) if last is not None and rows else None
+        if last is not None and not rows:
+            raise CheckpointError(f"{self.plans.path}: the plan of batch {last} is empty")
+        plan = StampPlan.from_row(rows[0]) if last is not None else None
         if plan is None:
             plan = spark_stream_plan(self.spark, self.layout.checkpoint("stamp"))
             if plan is not None:
                 log.info("carrying on from the stamping stream's batch %d", plan.batch)
                 self.plans.write(plan.batch, [plan.row()])
+        held = max(highest_batch(table) for table in self.writer.tables())
+        if plan is not None and held > plan.batch:
+            raise CheckpointError(
+                f"{self.layout.schedule} holds stamping batch {held} but the stamping log "
+                f"{self.plans.path} ends at batch {plan.batch}: restore the log (stamping from "
+                "an older position would skip or repeat messages)"
+            )
         if plan is not None:
             self._replay = plan
             self._position = plan.start
@@ -167,6 +178,10 @@ class Stamper:
             ...     pass
         """
         self.open()
+        with self._lock:
+            return self._run_batch()
+
+    def _run_batch(self) -> BatchResult | None:
         self.stats.looks += 1
         started = time.monotonic()
         plan = self._replay
@@ -181,7 +196,13 @@ class Stamper:
                 self._position = end  # versions that added no data
                 return None
             plan = StampPlan(self._next_batch, self._position, end)
-            self.plans.write(plan.batch, [plan.row()])
+            try:
+                self.plans.write(plan.batch, [plan.row()], exclusive=True)
+            except FileExistsError as err:
+                raise CheckpointError(
+                    f"stamping batch {plan.batch} was planned by someone else ({err}): "
+                    "is another engine running on this lakehouse?"
+                ) from err
         self._replay = plan  # until written: a failure runs this plan again, never a new one
         rows = self.source.read(files)
         read = time.monotonic()
@@ -229,13 +250,14 @@ def spark_stream_plan(spark: SparkSession, checkpoint: str) -> StampPlan | None:
         CheckpointError: the stream stopped inside a ``commitlog`` version (a large commit
             cut into several batches); run the earlier version until it is idle first.
     """
-    batches = sorted(
-        int(name) for name in list_files(spark, f"{checkpoint}/offsets") if name.isdigit()
-    )
+    offsets = list_files(spark, f"{checkpoint}/offsets")
+    batches = sorted(int(name) for name in offsets if name.isdigit())
     if not batches:
         return None
     last = batches[-1]
     end = _spark_offset(spark, checkpoint, last)
+    if str(last) in list_files(spark, f"{checkpoint}/commits"):
+        return StampPlan(last, end, end)  # done: nothing to run again, carry on from its end
     start = _spark_offset(spark, checkpoint, last - 1) if last - 1 in batches else Position(0, 0)
     return StampPlan(last, start, end)
 

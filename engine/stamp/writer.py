@@ -61,6 +61,10 @@ class StampWriter:
         self._written: dict[str, int] = {}  # table path -> highest batch it holds
         self._seen: SeenIds | None = None  # ids stamped in the dedup window, read when needed
 
+    def tables(self) -> list[ArrowDelta]:
+        """The tables a batch is written to."""
+        return list(self._tables.values())
+
     def __call__(self, rows: pa.Table, batch_id: int) -> tuple[int, int]:
         """Stamp one batch of ``commitlog`` rows; safe to call again with the same batch.
 

@@ -302,8 +302,10 @@ def test_a_failed_commit_never_reuses_a_round_number(
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     real_write = OffsetLog.write
 
-    def landed_but_failed(self: OffsetLog, round_: int, rows: Any, planned: bool = False) -> None:
-        real_write(self, round_, rows, planned)
+    def landed_but_failed(
+        self: OffsetLog, round_: int, rows: Any, planned: bool = False, **kw: Any
+    ) -> None:
+        real_write(self, round_, rows, planned, **kw)
         if not planned and self.path == layout(cfg).delay_offset:
             raise OSError("rename reported failure after the copy landed")
 

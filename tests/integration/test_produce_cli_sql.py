@@ -97,6 +97,9 @@ def test_send_arrow_checks_every_row_and_commits_once(
     bad = pa.table({"topic": ["orders", "orders"], "body": [b"ok", None]})
     with pytest.raises(InvalidMessageError, match="body is missing"):
         send_arrow(spark, cfg, bad, clock)
+    in_ms = pa.table({"topic": ["orders"], "body": [b"x"], "deliver_at": [1767268800000]})
+    with pytest.raises(InvalidMessageError, match=r"deliver_at.*must be a timestamp column"):
+        send_arrow(spark, cfg, in_ms, clock)
     with pytest.raises(InvalidMessageError, match="not commitlog columns"):
         send_arrow(spark, cfg, pa.table({"topic": ["x"], "body": [b"y"], "color": ["z"]}), clock)
     assert commitlog(spark, cfg).count() == 2

@@ -8,10 +8,12 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
 from engine.core.arrow_checks import rejection_reasons
 from engine.core.config import EngineConfig
 from engine.core.message import rejection_reason
+from engine.stamp.transform import id_hashes
 from schemas import COMMITLOG
 
 pytestmark = pytest.mark.integration
@@ -30,6 +32,7 @@ ROWS = [
     ("t2", "", {}, b"a", T0, None),
     ("t3", "9lives", {}, b"a", T0, None),
     ("t4", "Schedule", {}, b"a", T0, None),
+    ("t5", "orders\n", {}, b"a", T0, None),
     ("b1", "orders", {}, None, T0, None),
     ("b2", "orders", {}, b"", T0, None),
     ("b3", "orders", {}, b"123456789", T0, None),
@@ -61,3 +64,12 @@ def test_arrow_rules_give_the_spark_rules_reasons(spark: SparkSession) -> None:
 def test_rules_on_rows_without_optional_columns() -> None:
     rows = pa.table({"msg_id": ["ok"], "topic": ["orders"], "body": [b"a"], "store_ts": [T0]})
     assert rejection_reasons(rows, CFG).to_pylist() == [None]
+
+
+def test_message_id_hashes_are_sparks_xxhash64(spark: SparkSession) -> None:
+    ids = ["A", "order-1:paid", "9F1C" * 8, "x" * 128, "é€", None]
+    df = spark.createDataFrame([(i,) for i in ids], "msg_id string")
+    by_spark = [r[0] for r in df.select(F.xxhash64("msg_id")).collect()]
+    by_arrow = id_hashes(pa.array(ids, pa.string())).to_pylist()
+    assert by_arrow[:-1] == by_spark[:-1]
+    assert by_arrow[-1] is None  # a null id is quarantined, never indexed

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
@@ -11,6 +12,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
+from engine.core.errors import CheckpointError
 from engine.core.levels import parse_levels
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send_df, send_many
@@ -251,6 +253,31 @@ def test_rows_rewritten_in_commitlog_are_not_stamped_again(
     assert stamper.run_available() == 1
     assert later in schedule_ids(spark, lay.schedule)
     assert len(schedule_ids(spark, lay.schedule)) == 3
+    # A MERGE that rewrites rows and adds others: new and old messages cannot be told apart.
+    spark.sql(
+        f"MERGE INTO delta.`{lay.commitlog}` t USING delta.`{lay.commitlog}` s "
+        "ON t.msg_id = s.msg_id WHEN MATCHED THEN UPDATE SET t.tags = 'y'"
+    )
+    with pytest.raises(CheckpointError, match=r"version \d+ \(MERGE\) removes rows"):
+        stamper.run_available()
+
+
+def test_a_second_stamper_on_the_lakehouse_is_refused_and_a_lost_log_is_noticed(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    clock = FakeClock(T0)
+    lay = ensure_tables(spark, cfg)
+    first, second = Stamper(spark, cfg, lay, clock).open(), Stamper(spark, cfg, lay, clock).open()
+    send_many(spark, cfg, [Message("orders", "a")], clock)
+    assert first.run_available() == 1
+    with pytest.raises(CheckpointError, match="another engine"):
+        second.run_batch()  # it would plan batch 0 again
+    send_many(spark, cfg, [Message("orders", "b")], clock)
+    assert first.run_available() == 1
+    newest = Path(lay.checkpoint("stamp")) / "batches" / f"{1:020d}.json"
+    newest.unlink()  # the log lost its newest plan: it now ends before what the tables hold
+    with pytest.raises(CheckpointError, match="holds stamping batch 1"):
+        Stamper(spark, cfg, lay, clock).open()
 
 
 def test_a_lakehouse_stamped_by_the_spark_stream_carries_on_from_its_last_batch(
