@@ -63,7 +63,7 @@ class DeltaTopicSink:
     version, and ``userMetadata = delayq round <k> checkpoint <id>``. A replayed round's write
     finished when the table's ``txn`` version reached the round, or (for writes made before
     the ``txn`` was recorded on every commit) when its recent history holds the tag. Commits
-    go through delta-rs; a table that does not exist yet is created by Spark first.
+    go through delta-rs; a table that does not exist yet is created first (by delta-rs too).
     """
 
     def __init__(

@@ -7,9 +7,9 @@ their Delta statistics and appends a commit in about 10-20 ms. It writes the sam
 protocol: Spark reads what it commits (``DESCRIBE HISTORY`` shows the ``userMetadata``, the
 ``txn`` action is the one ``txnAppId``/``txnVersion`` record) and the other way round.
 
-Tables are still created by Spark (:mod:`engine.lakehouse.tables`), with the schemas of
-:mod:`schemas`; appends are cast to the table's own schema, so a missing or mistyped column
-fails instead of changing the table.
+The engine's tables are created by Spark (:mod:`engine.lakehouse.tables`), topic tables by
+:func:`create_table`, with the schemas of :mod:`schemas`; appends are cast to the table's own
+schema, so a missing or mistyped column fails instead of changing the table.
 
 Example:
     >>> orders = ArrowDelta("/lake/topics/orders")  # doctest: +SKIP
@@ -67,7 +67,8 @@ def columns(path: str) -> list[str]:
 
 def create_table(path: str, schema: pa.Schema) -> bool:
     """Create an empty, unpartitioned Delta table at ``path`` unless one exists (another
-    process may create it at the same moment); whether this call made it.
+    process may create it at the same moment); ``False`` when it existed before the call
+    (``True`` may also mean another process made it a moment before).
 
     About 10 ms, where Spark's ``CREATE TABLE`` takes a Spark job and a few hundred.
 

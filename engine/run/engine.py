@@ -23,7 +23,6 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
@@ -102,9 +101,6 @@ class Engine:
         self.stats = DeliveryStats()
         self._loop: threading.Thread | None = None
         self._stamp_loop: threading.Thread | None = None
-        #: Names new topic tables in the catalog beside the delivery loop (a Spark SQL
-        #: statement each): a round meeting many new topics does not wait for them.
-        self._naming: ThreadPoolExecutor | None = None
         self._loop_error: BaseException | None = None
         self._stopping = threading.Event()
         self._round = threading.Lock()  # held while a delivery round runs
@@ -172,11 +168,7 @@ class Engine:
         result = self.delivery.run_round()
         # Outside the round's exactly-once section: name the tables it made.
         delta = [t for t in result.per_topic if self.cfg.sink(t) != "kafka"]
-        if self._naming is None:
-            self.catalog.after_round(delta, result.committed)
-        else:
-            naming = self._naming.submit(self.catalog.after_round, delta, result.committed)
-            naming.add_done_callback(_report_naming)
+        self.catalog.after_round(delta, result.committed)
         self.stats.failing = 0
         self.stats.rounds += 1
         self.stats.recent.append(result)
@@ -269,7 +261,6 @@ class Engine:
             target=self._stamping_loop, name=STAMP_QUERY, daemon=True
         )
         self._stamp_loop.start()
-        self._naming = ThreadPoolExecutor(max_workers=1, thread_name_prefix="delayq-catalog")
         self._loop = threading.Thread(target=self._delivery_loop, name=DELIVER_QUERY, daemon=True)
         self._loop.start()
 
@@ -285,9 +276,6 @@ class Engine:
                 thread.join(timeout=STOP_WAIT_S)
                 if not thread.is_alive():
                     setattr(self, attr, None)
-        if self._naming is not None:
-            self._naming.shutdown(wait=True)  # the names of every round delivered so far
-            self._naming = None
 
     def wait_until_warm(
         self, timeout_s: float = 120.0, stop: threading.Event | None = None
@@ -387,11 +375,3 @@ class Engine:
         final = self.status()
         self.out(f"[{self.clock.now():%H:%M:%S}] {final.line(self.cfg.levels.label)}")
         return final
-
-
-def _report_naming(done: Future[None]) -> None:
-    """Log a catalog registration that failed (the tables stay readable by path; the
-    engine's next start registers every table again)."""
-    err = done.exception()
-    if err is not None:
-        log.warning("naming new topic tables in the catalog failed: %s", err, exc_info=err)

@@ -340,3 +340,21 @@ def test_producers_do_not_migrate_an_old_lakehouse_the_engine_does(
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     engine.step()
     assert [r["msg_id"] for r in delivered_rows(spark, cfg)] == [msg_id]
+
+
+def test_a_topic_table_made_by_delta_rs_reads_like_one_made_by_spark(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    from delta.tables import DeltaTable
+    from pyspark.sql.pandas.types import to_arrow_schema
+
+    from engine.lakehouse.arrow_delta import create_table
+    from engine.lakehouse.tables import ensure_topic_table
+    from schemas import TOPIC
+
+    path = ensure_topic_table(spark, cfg, "orders")
+    assert not create_table(path, to_arrow_schema(TOPIC, timezone="UTC"))  # it exists
+    by_spark = layout(cfg).topic("by_spark")
+    DeltaTable.createIfNotExists(spark).location(by_spark).addColumns(TOPIC).execute()
+    made, expected = (spark.read.format("delta").load(p).schema for p in (path, by_spark))
+    assert made == expected
