@@ -65,6 +65,19 @@ def columns(path: str) -> list[str]:
     return [f.name for f in DeltaTable(delta_uri(path)).schema().fields]
 
 
+def data_file(table: str, path: str) -> str:
+    """The local path of a data file named in a Delta log entry of ``table`` (the entry's
+    ``path`` is URL-encoded, relative to the table or an absolute URI).
+
+    Example:
+        >>> data_file("/lake/schedule", "queue_id=1/part-0%3A1.parquet")
+        '/lake/schedule/queue_id=1/part-0:1.parquet'
+    """
+    if "://" in path or path.startswith("file:"):
+        return delta_uri(unquote(path))
+    return f"{delta_uri(table)}/{unquote(path)}"
+
+
 def create_table(path: str, schema: pa.Schema) -> bool:
     """Create an empty, unpartitioned Delta table at ``path`` unless one exists (another
     process may create it at the same moment); ``False`` when it existed before the call
@@ -242,24 +255,18 @@ class ArrowDelta:
             if table is None:
                 return -1
             actions = pa.table(table.get_add_actions(flatten=True))
-            files = table.to_pyarrow_dataset(parquet_read_options=READ_OPTIONS)
         stat = f"max.{column}"
-        if actions.num_rows == 0:
-            return -1
-        if stat not in actions.column_names:
-            found = pc.max(files.to_table(columns=[column])[column]).as_py()
-            return -1 if found is None else int(found)
-        found = pc.max(actions[stat]).as_py()
-        best = -1 if found is None else int(found)
-        # A file whose statistic is null holds only nulls there, or has no statistics.
-        unknown = actions.filter(pc.is_null(actions[stat]))
-        if unknown.num_rows:
-            root = delta_uri(self.path)
-            paths = [f"{root}/{unquote(p)}" for p in unknown["path"].to_pylist()]
+        best = -1
+        if stat in actions.column_names:
+            found = pc.max(actions[stat]).as_py()
+            best = -1 if found is None else int(found)
+            # A file whose statistic is null holds only nulls there, or has no statistics.
+            actions = actions.filter(pc.is_null(actions[stat]))
+        if actions.num_rows:  # files to read
+            paths = [data_file(self.path, p) for p in actions["path"].to_pylist()]
             fmt = ds.ParquetFileFormat(read_options=READ_OPTIONS)
-            values = ds.dataset(paths, format=fmt).to_table(columns=[column])[column]
-            found = pc.max(values).as_py()
-            best = max(best, -1 if found is None else int(found))
+            found = pc.max(ds.dataset(paths, format=fmt).to_table(columns=[column])[column])
+            best = max(best, -1 if found.as_py() is None else int(found.as_py()))
         return best
 
     def committed_with(self, metadata: str, lookback: int) -> bool:
@@ -287,4 +294,4 @@ def _file_size(rows: pa.Table, file_rows: int) -> int | None:
     return max(1, buffer.tell() * file_rows // int(sample.num_rows))
 
 
-__all__ = ["ArrowDelta", "create_table", "delta_uri"]
+__all__ = ["ArrowDelta", "create_table", "data_file", "delta_uri"]

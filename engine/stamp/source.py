@@ -31,14 +31,13 @@ import json
 import logging
 import os
 from dataclasses import dataclass
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 from deltalake import DeltaTable
 
 from engine.core.errors import CheckpointError
-from engine.lakehouse.arrow_delta import READ_OPTIONS
+from engine.lakehouse.arrow_delta import READ_OPTIONS, data_file
 from engine.lakehouse.delta_log import delta_uri
 
 log = logging.getLogger(__name__)
@@ -137,18 +136,13 @@ class CommitlogSource:
                     "partition: commitlog must stay an unpartitioned append-only table"
                 )
         found = [
-            Added(version, i, self._local(add["path"]), int(add.get("size") or 0))
+            Added(version, i, data_file(self.path, add["path"]), int(add.get("size") or 0))
             for i, add in enumerate(adds)
         ]
         if len(self._files) > 64:
             self._files.pop(min(self._files))
         self._files[version] = found
         return found
-
-    def _local(self, path: str) -> str:
-        if "://" in path or path.startswith("file:"):
-            return delta_uri(unquote(path))
-        return os.path.join(self.root, unquote(path))
 
     def changes(
         self, start: Position, max_files: int, max_bytes: int
