@@ -38,13 +38,12 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from engine.lakehouse.checkpoints import CHECKPOINT_INTERVAL, CHECKPOINTS
 from engine.lakehouse.delta_log import Txn, delta_uri
+from engine.lakehouse.log_append import LogAppender
 
 log = logging.getLogger(__name__)
 
-#: A checkpoint every this many versions, as Spark's Delta does by default (delta-rs would
-#: wait 100): Spark readers of a table delta-rs appends replay at most this many commits.
-CHECKPOINT_INTERVAL = 10
 _NO_HOOKS = PostCommitHookProperties(create_checkpoint=False, cleanup_expired_logs=False)
 #: Spark writes timestamps as INT96, which Arrow reads as nanoseconds by default: years
 #: outside 1677-2262 would fail. Read them as microseconds, Spark's precision.
@@ -112,6 +111,7 @@ class ArrowDelta:
         self.path = path
         self.uri = delta_uri(path)
         self._table: DeltaTable | None = None
+        self._appender = LogAppender(path)
         self._lock = threading.Lock()
 
     def _latest_table(self) -> DeltaTable | None:
@@ -178,63 +178,68 @@ class ArrowDelta:
             txn: recorded with the commit, as Spark's ``txnAppId``/``txnVersion`` are (the
                 caller checks :meth:`txn_version` before writing again).
             metadata: the commit's ``userMetadata``.
-            file_rows: cut data files at about this many rows or fewer (delta-rs cuts by
-                size, estimated by encoding a sample of the rows).
+            file_rows: cut data files at this many rows or fewer (about, on tables only
+                delta-rs writes: it cuts by size, estimated by encoding a sample of rows).
 
         Raises:
             KeyError: a column of the table is missing from ``rows``.
             ValueError: ``rows`` has a column the table does not.
         """
         with self._lock:
-            # An open handle needs no refresh: delta-rs commits an append on top of whatever
-            # was committed since (appends do not conflict) and moves the handle to its version.
-            table = self._table or self._latest_table()
-            if table is None:
-                raise FileNotFoundError(f"no Delta table at {self.path}")
-            custom: dict[str, object] = {"isBlindAppend": True}  # as Spark's appends say
-            if metadata is not None:
-                custom["userMetadata"] = metadata
-            properties = CommitProperties(
-                custom_metadata=custom,
-                app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None,
-            )
-            for attempt in range(1, APPEND_ATTEMPTS + 1):
-                schema = pa.schema(table.schema().to_arrow())
-                extra = sorted(set(rows.column_names) - set(schema.names))
-                if extra:
-                    raise ValueError(f"{self.path} has no column {', '.join(extra)}")
-                data = rows.select(schema.names).cast(schema)
-                try:
-                    write_deltalake(
-                        table,
-                        data,
-                        mode="append",
-                        partition_by=table.metadata().partition_columns or None,
-                        target_file_size=_file_size(data, file_rows),
-                        commit_properties=properties,
-                        post_commithook_properties=_NO_HOOKS,
-                    )
-                    break
-                except CommitFailedError:
-                    # Nothing landed: delta-rs found a conflict with a commit made since this
-                    # handle's snapshot (seen here after a Spark DELETE or UPDATE). Appended
-                    # rows do not depend on what was read, so the same append on the new
-                    # snapshot is right, unless its txn has been recorded by now (another
-                    # writer of the same batch).
-                    if attempt == APPEND_ATTEMPTS:
-                        raise
-                    table.update_incremental()
-                    if txn is not None:
-                        recorded = table.transaction_version(txn.app_id)
-                        if recorded is not None and recorded >= txn.version:
-                            return
-            if table.version() % CHECKPOINT_INTERVAL == 0:
-                try:
-                    table.create_checkpoint()
-                    table.cleanup_metadata()  # log files past delta.logRetentionDuration
-                except Exception as err:  # the commit stands; a later one checkpoints again
-                    log.warning("checkpoint of %s failed: %s", self.path, err)
-                    log.debug("checkpoint failure", exc_info=True)
+            if self._appender.append(rows, txn=txn, metadata=metadata, file_rows=file_rows):
+                version = self._appender.version
+            else:
+                version = self._append_delta_rs(rows, txn, metadata, file_rows)
+        if version % CHECKPOINT_INTERVAL == 0:
+            CHECKPOINTS.request(self.uri)
+
+    def _append_delta_rs(
+        self, rows: pa.Table, txn: Txn | None, metadata: str | None, file_rows: int
+    ) -> int:
+        """Append with delta-rs (tables the log appender does not write); the new version."""
+        # An open handle needs no refresh: delta-rs commits an append on top of whatever
+        # was committed since (appends do not conflict) and moves the handle to its version.
+        table = self._table or self._latest_table()
+        if table is None:
+            raise FileNotFoundError(f"no Delta table at {self.path}")
+        custom: dict[str, object] = {"isBlindAppend": True}  # as Spark's appends say
+        if metadata is not None:
+            custom["userMetadata"] = metadata
+        properties = CommitProperties(
+            custom_metadata=custom,
+            app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None,
+        )
+        for attempt in range(1, APPEND_ATTEMPTS + 1):
+            schema = pa.schema(table.schema().to_arrow())
+            extra = sorted(set(rows.column_names) - set(schema.names))
+            if extra:
+                raise ValueError(f"{self.path} has no column {', '.join(extra)}")
+            data = rows.select(schema.names).cast(schema)
+            try:
+                write_deltalake(
+                    table,
+                    data,
+                    mode="append",
+                    partition_by=table.metadata().partition_columns or None,
+                    target_file_size=_file_size(data, file_rows),
+                    commit_properties=properties,
+                    post_commithook_properties=_NO_HOOKS,
+                )
+                break
+            except CommitFailedError:
+                # Nothing landed: delta-rs found a conflict with a commit made since this
+                # handle's snapshot (seen here after a Spark DELETE or UPDATE). Appended
+                # rows do not depend on what was read, so the same append on the new
+                # snapshot is right, unless its txn has been recorded by now (another
+                # writer of the same batch).
+                if attempt == APPEND_ATTEMPTS:
+                    raise
+                table.update_incremental()
+                if txn is not None:
+                    recorded = table.transaction_version(txn.app_id)
+                    if recorded is not None and recorded >= txn.version:
+                        return int(table.version())
+        return int(table.version())
 
     def txn_version(self, app_id: str) -> int | None:
         """The highest ``txnVersion`` recorded for ``app_id`` (``None``: none, or no table)."""
