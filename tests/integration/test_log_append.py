@@ -107,9 +107,7 @@ def test_racing_appenders_and_spark_lose_nothing_and_repeat_no_txn(
     threads = [threading.Thread(target=run, args=(a, b)) for a, b in ((first, 100), (second, 200))]
     for t in threads:
         t.start()
-    spark.createDataFrame(_rows(300, 5).to_pandas()).write.format("delta").mode("append").save(
-        path
-    )
+    spark.createDataFrame(_rows(300, 5).to_pandas()).write.format("delta").mode("append").save(path)
     for t in threads:
         t.join()
     ids = sorted(r.id for r in spark.read.format("delta").load(path).collect())
@@ -128,9 +126,7 @@ def test_racing_appenders_and_spark_lose_nothing_and_repeat_no_txn(
     )
 
 
-def test_a_new_column_from_another_writer_is_picked_up(
-    spark: SparkSession, tmp_path: Path
-) -> None:
+def test_a_new_column_from_another_writer_is_picked_up(spark: SparkSession, tmp_path: Path) -> None:
     path = _spark_table(spark, tmp_path / "t")
     appender = LogAppender(path)
     assert appender.append(_rows(0, 2))
@@ -171,6 +167,4 @@ def test_a_stale_appender_reloads_after_a_checkpoint_cleaned_the_log(
         os.remove(log_dir / f"{version:020d}.json")
     assert stale.append(_rows(21, 1))
     assert stale.version == 22
-    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == list(
-        range(22)
-    )
+    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == list(range(22))
