@@ -29,6 +29,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from engine.core.clock import to_micros
+from engine.lakehouse.live_files import DataFile
 from schemas import TOPIC, column_names
 
 #: The columns a round needs of rows it does not deliver (counted for its progress only).
@@ -36,6 +38,8 @@ SUMMARY_COLUMNS = ("topic", "queue_id", "stamp_batch", "deliver_ts")
 
 #: The Arrow type of the tables' timestamps (Spark's precision, UTC).
 TS = pa.timestamp("us", tz="UTC")
+#: The ``schedule`` columns whose file statistics choose the files a round reads.
+WINDOW_STATS = ("deliver_ts", "stamp_batch")
 
 
 @dataclass(frozen=True)
@@ -52,6 +56,30 @@ class Window:
         deliver, batch = ds.field("deliver_ts"), ds.field("stamp_batch")
         until, after = pa.scalar(self.until, TS), pa.scalar(self.after, TS)
         return (deliver <= until) & ((deliver > after) | (batch > self.stamped_after))
+
+    def may_hold(self, f: DataFile) -> bool:
+        """Whether a ``schedule`` file's statistics allow rows :meth:`due` or
+        :meth:`new_not_due` would read (unknown statistics allow anything)."""
+        low, high, top = f.min("deliver_ts"), f.max("deliver_ts"), f.max("stamp_batch")
+        until, after = to_micros(self.until), to_micros(self.after)
+        stamped = top is None or top > self.stamped_after
+        due = (low is None or low <= until) and (high is None or high > after or stamped)
+        return due or (stamped and (high is None or high > until))
+
+    def passed(self, f: DataFile) -> bool:
+        """Whether no round after this one can read a row of the file (every row due by
+        ``after`` and stamped by ``stamped_after``): the file can be forgotten."""
+        high, top = f.max("deliver_ts"), f.max("stamp_batch")
+        return (
+            high is not None
+            and top is not None
+            and (high <= to_micros(self.after) and top <= self.stamped_after)
+        )
+
+    def follows(self, other: Window) -> bool:
+        """Whether this window starts no earlier than ``other`` (files ``other`` passed
+        stay passed)."""
+        return self.after >= other.after and self.stamped_after >= other.stamped_after
 
     def new_not_due(self) -> ds.Expression:
         """Rows stamped since the last round that are not due yet (counted, not delivered)."""
@@ -212,6 +240,7 @@ def to_topic_rows(due: pa.Table, delivered_ts: datetime, round_: int) -> pa.Tabl
 __all__ = [
     "SUMMARY_COLUMNS",
     "TS",
+    "WINDOW_STATS",
     "Candidates",
     "Window",
     "read_candidates",

@@ -72,6 +72,7 @@ from engine.deliver.commands import (
     unstamped,
 )
 from engine.deliver.due import (
+    WINDOW_STATS,
     Candidates,
     Window,
     read_candidates,
@@ -83,6 +84,7 @@ from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker, append
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.live_files import LiveFiles
 from engine.lakehouse.offset_log import OffsetLog
 
 log = logging.getLogger(__name__)
@@ -155,7 +157,10 @@ class Delivery:
         self._last_commit = time.monotonic()
         self._stages: dict[str, float] = {}
         self._lap = 0.0
-        self._schedule = ArrowDelta(layout.schedule)
+        # schedule's files, followed commit by commit; files every later round would skip
+        # are retired at each commit (until the progress goes back, which reloads them).
+        self._schedule = LiveFiles(layout.schedule, stats=WINDOW_STATS)
+        self._retired = Window(from_millis(0), from_millis(0), -1)
         self._results = ArrowDelta(layout.command_results)
         self._commands = VersionTracker(spark, layout.commands)
         self._open_commands = True  # unknown until the first round looks
@@ -234,9 +239,12 @@ class Delivery:
         )
         resolution = self._resolve_commands(prev, plan)
         self._time("plan")
+        window = Window(prev.watermark, plan.watermark, prev.stamp_batch)
+        if not window.follows(self._retired):
+            self._schedule.reset()  # files retired for a later progress may hold rows
         found = read_candidates(
-            self._schedule.dataset(plan.schedule_version),
-            Window(prev.watermark, plan.watermark, prev.stamp_batch),
+            self._schedule.dataset(plan.schedule_version, keep=window.may_hold),
+            window,
             self._removed(prev, plan, resolution),
         )
         return self._deliver(prev, plan, resolution, found, replayed, started)
@@ -416,6 +424,8 @@ class Delivery:
         )
         self.offsets.write(plan.round, checkpoint_rows(progress, None, delivered, self.clock.now()))
         self.progress, self.pending = progress, None
+        self._retired = Window(progress.watermark, progress.watermark, progress.stamp_batch)
+        self._schedule.retire(plan.schedule_version, done=self._retired.passed)
         if plan.round % 100 == 0:
             self.offsets.purge(plan.round - RETAIN_ROUNDS)
         self._last_commit = time.monotonic()

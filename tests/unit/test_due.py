@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import json
+import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
-from deltalake import write_deltalake
+from deltalake import DeltaTable, write_deltalake
 
 from engine.deliver.due import (
+    WINDOW_STATS,
     Window,
     read_candidates,
     removed_marks,
@@ -19,6 +23,7 @@ from engine.deliver.due import (
     topic_tables,
 )
 from engine.lakehouse.arrow_delta import ArrowDelta
+from engine.lakehouse.live_files import LiveFiles
 from schemas import TOPIC, column_names
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -184,3 +189,62 @@ def test_append_refuses_columns_the_table_lacks_and_cuts_large_batches(tmp_path:
     assert len(sizes) >= 1 + 3  # the first file, and the batch cut by an estimated size
     assert sizes[-1] <= 10_000  # never wider than asked: file skipping stays as tight
     assert sum(sizes) == n + 1
+
+
+def _rows_of(dataset: ds.Dataset) -> list[str]:
+    return sorted(dataset.to_table(columns=["msg_id"])["msg_id"].to_pylist())
+
+
+def test_followed_files_give_each_round_what_the_snapshot_gives(tmp_path: Path) -> None:
+    # Rounds over files with microsecond times and late stamping: the files a round keeps
+    # (and those retired after each commit) never lose a row the whole snapshot finds.
+    rng = random.Random(7)
+    path = tmp_path / "schedule"
+    schedule_files(path, [("first", T0, 0)])
+    table, live = ArrowDelta(str(path)), LiveFiles(str(path), stats=WINDOW_STATS)
+    after, stamped, delivered = T0 - timedelta(days=1), 0, []
+    for step in range(1, 40):
+        until = T0 + timedelta(microseconds=step * 300_007)
+        if step <= 24:  # a stamping batch: some rows due long ago, some far ahead
+            rows = []
+            for i in range(rng.randint(1, 6)):
+                at = until + timedelta(microseconds=rng.randint(-3_000_000, 4_000_000))
+                rows.append((f"b{step}-{i}", at, step))
+            schedule_files(path, rows)
+        version = table.latest()
+        window = Window(after, until, stamped)
+        whole = read_candidates(table.dataset(version), window)
+        kept = read_candidates(live.dataset(version, keep=window.may_hold), window)
+        assert sorted(kept.deliver["msg_id"].to_pylist()) == sorted(
+            whole.deliver["msg_id"].to_pylist()
+        )
+        assert max([0, *(r["max_batch"] for r in kept.summary)]) == max(
+            [0, *(r["max_batch"] for r in whole.summary)]
+        )
+        assert kept.files <= whole.files
+        delivered += kept.deliver["msg_id"].to_pylist()
+        after, stamped = until, max([stamped, *(r["max_batch"] for r in kept.summary)])
+        live.retire(version, done=Window(after, after, stamped).passed)
+    assert len(delivered) == len(set(delivered))
+    everything = table.dataset(version).to_table()
+    due = everything.filter(pc.less_equal(everything["deliver_ts"], pa.scalar(after, TS)))
+    assert sorted(delivered) == sorted(due["msg_id"].to_pylist())
+
+
+def test_followed_files_answer_older_versions_across_deletes_and_compaction(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "schedule"
+    for i in range(6):
+        schedule_files(path, [(f"m{i}", T0 + timedelta(seconds=i), i)])
+    live = LiveFiles(str(path), stats=WINDOW_STATS)
+    assert _rows_of(live.dataset(live.latest())) == [f"m{i}" for i in range(6)]
+    DeltaTable(str(path)).delete("msg_id = 'm2'")
+    DeltaTable(str(path)).optimize.compact()
+    table = ArrowDelta(str(path))
+    for version in range(table.latest() + 1):  # each version, as delta-rs reads it
+        if version >= 5:
+            assert _rows_of(live.dataset(version)) == _rows_of(table.dataset(version))
+    live.retire(table.latest())
+    assert _rows_of(live.dataset(4)) == [f"m{i}" for i in range(5)]  # reloaded
+    assert _rows_of(live.dataset(live.latest())) == ["m0", "m1", "m3", "m4", "m5"]
