@@ -29,6 +29,7 @@ import json
 import logging
 import os
 import platform
+import re
 import shutil
 import signal
 import statistics
@@ -45,13 +46,16 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
+from deltalake import DeltaTable
+from pyarrow.dataset import field as pc_field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from engine.core.clock import SystemClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
-from engine.lakehouse.delta_log import list_topics
+from engine.lakehouse.delta_log import delta_uri, list_topics
 from engine.lakehouse.fs import jvm
 from engine.lakehouse.layout import layout
 from engine.produce.send import send_arrow, send_df
@@ -306,75 +310,92 @@ def _delivered_rows(log_dir: Path, before: set[Path]) -> int:
 # --------------------------------------------------------------------------- measuring
 
 
-def commit_times(spark: SparkSession, path: str) -> DataFrame:
-    """``(delivery_round, commit_ms)`` of a topic table's delivery commits."""
-    from delta.tables import DeltaTable
+def commit_times(path: str) -> dict[int, int]:
+    """``{delivery round: commit ms}`` of a topic table's delivery commits, from its Delta
+    log (Python only: Spark's ``history()`` of 100 topic tables held gigabytes of heap)."""
+    times: dict[int, int] = {}
+    log_dir = Path(delta_uri(path)) / "_delta_log"
+    for commit in sorted(log_dir.glob("*.json")) if log_dir.exists() else ():
+        for line in commit.read_text().splitlines():
+            info = json.loads(line).get("commitInfo") if line.strip() else None
+            if info is None:
+                continue
+            found = _ROUND_TAG.match(str(info.get("userMetadata") or ""))
+            if found:
+                times[int(found.group(1))] = int(info["timestamp"])
+    return times
 
-    history = DeltaTable.forPath(spark, path).history()
-    return history.where(F.col("userMetadata").startswith("delayq round ")).select(
-        F.regexp_extract("userMetadata", r"^delayq round (\d+)", 1)
-        .cast("long")
-        .alias("delivery_round"),
-        F.unix_millis("timestamp").alias("commit_ms"),
-    )
+
+_ROUND_TAG = re.compile(r"^delayq round (\d+)")
+_VISIBLE = pa.schema(
+    [(n, pa.int64()) for n in ("delivery_round", "deliver_ms", "delivered_ms", "visible_ms")]
+)
 
 
-def visible_rows(spark: SparkSession, cfg: EngineConfig, tag: str | None = None) -> DataFrame:
-    """Delivered rows with ``visible_ms`` (their commit) and ``late_ms`` (after deliver_ts)."""
+def visible_rows(spark: SparkSession, cfg: EngineConfig, tag: str | None = None) -> pa.Table:
+    """Delivered rows with ``visible_ms`` (their commit) and ``late_ms`` (after deliver_ts),
+    read with Arrow from the topic tables and their logs."""
     lay = layout(cfg)
     frames = []
     for name in list_topics(spark, cfg):
-        rows = spark.read.format("delta").load(lay.topic(name))
-        if tag is not None:
-            rows = rows.where(F.col("tags") == tag)
-        frames.append(
-            rows.join(F.broadcast(commit_times(spark, lay.topic(name))), "delivery_round").select(
-                "msg_id",
-                F.unix_millis("deliver_ts").alias("deliver_ms"),
-                F.unix_millis("delivered_ts").alias("delivered_ms"),
-                F.col("commit_ms").alias("visible_ms"),
+        path = lay.topic(name)
+        where = None if tag is None else pc_field("tags") == tag
+        rows = (
+            DeltaTable(delta_uri(path))
+            .to_pyarrow_dataset()
+            .to_table(
+                columns=["msg_id", "deliver_ts", "delivered_ts", "delivery_round"], filter=where
             )
         )
-    if not frames:
-        schema = "msg_id string, deliver_ms long, delivered_ms long, visible_ms long"
-        return spark.createDataFrame([], schema).withColumn("late_ms", F.lit(0).cast("long"))
-    result = frames[0]
-    for frame in frames[1:]:
-        result = result.unionByName(frame)
-    return result.withColumn("late_ms", F.col("visible_ms") - F.col("deliver_ms"))
+        commits = commit_times(path)
+        rounds = rows["delivery_round"].to_pylist()
+        frames.append(
+            pa.table(
+                {
+                    "msg_id": rows["msg_id"],
+                    "deliver_ms": _millis(rows["deliver_ts"]),
+                    "delivered_ms": _millis(rows["delivered_ts"]),
+                    "visible_ms": pa.array([commits.get(r) for r in rounds], pa.int64()),
+                }
+            )
+        )
+    empty = pa.table(
+        {
+            "msg_id": pa.array([], pa.string()),
+            **{n: pa.array([], pa.int64()) for n in ("deliver_ms", "delivered_ms", "visible_ms")},
+        }
+    )
+    result = pa.concat_tables(frames) if frames else empty
+    result = result.filter(pc.is_valid(result["visible_ms"]))  # (a commit being written)
+    return result.append_column("late_ms", pc.subtract(result["visible_ms"], result["deliver_ms"]))
 
 
-def lateness(rows: DataFrame, sent: int) -> dict[str, Any]:
-    """Percentiles of ``late_ms`` (exact, in numpy), and early, duplicate and missing counts.
+def _millis(column: pa.ChunkedArray) -> pa.ChunkedArray:
+    """Epoch ms of a timestamp column, floored as Spark's ``unix_millis``."""
+    micros = pc.cast(pc.cast(column, pa.timestamp("us", tz="UTC")), pa.int64())
+    return pc.floor(pc.divide(pc.cast(micros, pa.float64()), 1000.0)).cast(pa.int64())
 
-    Spark's ``percentile_approx`` at this accuracy took over 20 minutes on 3M rows (merging
-    its summaries); the lateness column alone is 8 bytes a row to the driver.
-    """
-    r = rows.agg(
-        F.count(F.lit(1)).alias("rows"),
-        F.countDistinct("msg_id").alias("distinct"),
-        F.max("late_ms").alias("max"),
-        F.sum(
-            (
-                (F.col("visible_ms") < F.col("deliver_ms"))
-                | (F.col("delivered_ms") < F.col("deliver_ms"))
-            ).cast("int")
-        ).alias("early"),
-    ).first()
-    assert r is not None
-    late = rows.select("late_ms").toArrow()["late_ms"].to_numpy()
+
+def lateness(rows: pa.Table, sent: int) -> dict[str, Any]:
+    """Percentiles of ``late_ms`` (exact, numpy), and early, duplicate and missing counts."""
+    late = rows["late_ms"].to_numpy()
+    distinct = len(pc.unique(rows["msg_id"])) if rows.num_rows else 0
+    early = pc.or_(
+        pc.less(rows["visible_ms"], rows["deliver_ms"]),
+        pc.less(rows["delivered_ms"], rows["deliver_ms"]),
+    )
     p: list[int | None] = [None, None, None]
     if len(late):
         p = [int(v) for v in np.percentile(late, [50, 95, 99], method="lower")]
     return {
-        "delivered": int(r["distinct"]),
+        "delivered": distinct,
         "late_p50_ms": p[0],
         "late_p95_ms": p[1],
         "late_p99_ms": p[2],
-        "late_max_ms": r["max"],
-        "early": int(r["early"] or 0),
-        "duplicates": int(r["rows"]) - int(r["distinct"]),
-        "missing": max(sent - int(r["distinct"]), 0),
+        "late_max_ms": int(late.max()) if len(late) else None,
+        "early": int(pc.sum(pc.cast(early, pa.int64())).as_py() or 0),
+        "duplicates": rows.num_rows - distinct,
+        "missing": max(sent - distinct, 0),
     }
 
 
@@ -698,11 +719,9 @@ class Bench:
         if not delivered:
             self.say(f"  the engine did not deliver them; its output: {log_path}")
         commits = [
-            int(r[1])
-            for r in commit_times(self.spark, layout(cfg).topic(topic)).collect()
-            if int(r[1]) >= launched_ms
+            ms for ms in commit_times(layout(cfg).topic(topic)).values() if ms >= launched_ms
         ]
-        visible = visible_rows(self.spark, cfg, "restart").agg(F.max("visible_ms")).first()
+        visible = [pc.max(visible_rows(self.spark, cfg, "restart")["visible_ms"]).as_py()]
         session = next((t for t, line in lines if line.startswith("delayq: lakehouse")), None)
         return {
             "first_round_s": round((min(commits) - launched_ms) / 1000, 2) if commits else None,
@@ -751,8 +770,7 @@ class Bench:
                     break
                 time.sleep(0.5)
             rows = visible_rows(self.spark, cfg, "spike")
-            last = rows.agg(F.max("visible_ms"), F.count(F.lit(1))).first()
-            assert last is not None
+            last = [pc.max(rows["visible_ms"]).as_py()]
             result: dict[str, Any] = {
                 "size": size,
                 "send_seconds": round(send_seconds, 1),
@@ -843,10 +861,7 @@ class Bench:
                     woke.append(int((consumer.woke_at or 0) * 1000))
                     consumer.ack()
                     consumer.commit()
-        commits = dict(
-            (int(r[0]), int(r[1]))
-            for r in commit_times(self.spark, layout(cfg).topic(topic)).collect()
-        )
+        commits = commit_times(layout(cfg).topic(topic))
         wake = [done - commits[rnd] for rnd, done in returned if rnd in commits]
         noticed = [
             seen - commits[rnd]
