@@ -187,8 +187,9 @@ class LiveFiles:
 
     def _load(self, version: int) -> None:
         table = DeltaTable(self.path, version=version)
-        if "deletionVectors" in (table.protocol().reader_features or []):
-            raise ValueError(f"{self.path}: deletion vectors are not read here")
+        refused = _unreadable(table)
+        if refused:
+            raise ValueError(f"{self.path}: {refused} (not read here)")
         self._schema = pa.schema(table.schema().to_arrow())
         self._partitions = list(table.metadata().partition_columns)
         actions = pa.table(table.get_add_actions(flatten=True)).to_pylist()
@@ -212,8 +213,8 @@ class LiveFiles:
         with open(self._entry(version), encoding="utf-8") as entry:
             lines = [json.loads(line) for line in entry if line.strip()]
         for line in lines:
-            if "metaData" in line:
-                return False  # a new schema or partitioning: read the state again
+            if "metaData" in line or "protocol" in line:
+                return False  # a new schema, partitioning or protocol: read the state again
             if "add" in line:
                 add = line["add"]
                 if add.get("deletionVector"):
@@ -270,6 +271,21 @@ class LiveFiles:
         if "://" in path or path.startswith("file:"):
             return delta_uri(unquote(path))
         return os.path.join(self.path, *unquote(path).split("/"))
+
+
+#: Reader features whose files Arrow reads as written (by column name, every row live).
+READABLE_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck", "v2Checkpoint"})
+
+
+def _unreadable(table: DeltaTable) -> str | None:
+    """Why Arrow reading the table's files by column name would not read its rows."""
+    features = set(table.protocol().reader_features or ()) - READABLE_FEATURES
+    if features:
+        return f"reader features {', '.join(sorted(features))}"
+    mode = (table.metadata().configuration or {}).get("delta.columnMapping.mode", "none")
+    if mode != "none":
+        return f"column mapping {mode}"
+    return None
 
 
 def _number(value: Any, *, up: bool = False) -> int | None:

@@ -29,6 +29,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import time
@@ -69,6 +70,14 @@ STATS_STRING_CHARS = 32
 #: Versions a commit may try before it gives up (each lost race moves one version on).
 COMMIT_ATTEMPTS = 1000
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: What ``link`` says on a filesystem without hard links (the append goes to delta-rs).
+_NO_LINK_ERRORS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
+
+
+class _NoLinks(OSError):
+    """The filesystem cannot make hard links."""
+
+
 ENGINE_INFO = "delayq (log append)"
 
 
@@ -93,6 +102,11 @@ def unsupported(table: DeltaTable) -> str | None:
         return "in-commit timestamps"
     if config.get("delta.enableRowTracking", "false").lower() == "true":
         return "row tracking"
+    schema = pa.schema(table.schema().to_arrow())
+    for name in table.metadata().partition_columns:
+        kind = schema.field(name).type
+        if not (pa.types.is_integer(kind) or pa.types.is_boolean(kind) or pa.types.is_date(kind)):
+            return f"partition column {name} of type {kind}"  # (values as paths need escaping)
     ruled = ("delta.invariants", "delta.generationExpression", "delta.identity")
     for field in table.schema().fields:
         if any(k.startswith(ruled) for k in (field.metadata or {})):
@@ -124,18 +138,20 @@ class LogAppender:
         self._state: _State | None = None
         self.refused: str | None = None  # why the table takes no blind append from here
 
-    def _load(self) -> _State | None:
+    def _load(self, txn: Txn | None = None) -> tuple[_State | None, bool]:
+        """Read the table's state; and whether ``txn`` is already recorded in it."""
         table = DeltaTable(self.path)
         self.refused = unsupported(table)
         if self.refused:
             self._state = None
-            return None
+            return None, False
         self._state = _State(
             version=int(table.version()),
             schema=pa.schema(table.schema().to_arrow()),
             partitions=list(table.metadata().partition_columns),
         )
-        return self._state
+        recorded = None if txn is None else table.transaction_version(txn.app_id)
+        return self._state, txn is not None and recorded is not None and recorded >= txn.version
 
     @property
     def version(self) -> int:
@@ -166,44 +182,61 @@ class LogAppender:
         Raises:
             KeyError: a column of the table is missing from ``rows``.
             ValueError: ``rows`` has a column the table does not.
-            FileNotFoundError: no Delta table at the path.
+            deltalake.exceptions.TableNotFoundError: no Delta table at the path.
         """
-        state = self._state or (None if self.refused else self._load())
+        state, done = self._state, False
+        fresh = state is None and not self.refused
+        if fresh or (
+            state is not None
+            and (
+                self._checkpointed_after(state.version)  # unseen commits may be cleaned up
+                or not set(rows.column_names) <= set(state.schema.names)  # a new column?
+            )
+        ):
+            state, done = self._load(txn)
+        if done:
+            return True  # another writer committed these rows under the same txn
         if state is None:
             return False
-        stale = self._checkpointed_after(state.version)  # unseen commits may be cleaned up
-        if stale or not set(rows.column_names) <= set(state.schema.names):
-            state = self._load()  # (a column it lacks may have been added since)
-            if state is None:
-                return False
         adds = self._write_files(rows, state, file_rows)
         for _ in range(COMMIT_ATTEMPTS):
             version = state.version + 1
-            if self._put(version, self._commit(adds, txn, metadata, version)):
-                state.version = version
-                return True
-            # Another writer took this version: only a new schema or protocol matters.
+            try:
+                if self._put(version, self._commit(adds, txn, metadata, version)):
+                    state.version = version
+                    return True
+            except _NoLinks as err:
+                self._remove(adds)
+                self._state, self.refused = None, f"no hard links on this filesystem ({err})"
+                return False
+            # Another writer took this version: the same txn means the rows are in; a new
+            # schema or protocol is read and checked again; anything else does not conflict.
             actions = self._read(version)
-            if "metaData" in actions or "protocol" in actions:
-                reloaded = self._load()
-                if (
-                    reloaded is None
-                    or reloaded.schema != state.schema
-                    or (reloaded.partitions != state.partitions)
-                ):
-                    self._remove(adds)  # written for the old schema: start again
-                    return reloaded is not None and self.append(
-                        rows, txn=txn, metadata=metadata, file_rows=file_rows
-                    )
-                state = reloaded
-                continue
             if txn is not None and any(
                 t.get("appId") == txn.app_id and int(t.get("version", -1)) >= txn.version
                 for t in actions.get("txn", [])
             ):
-                self._remove(adds)  # that writer committed the same rows
+                self._remove(adds)
                 state.version = version
                 return True
+            if "metaData" in actions or "protocol" in actions:
+                reloaded, done = self._load(txn)
+                if (
+                    done
+                    or reloaded is None
+                    or (reloaded.schema, reloaded.partitions)
+                    != (
+                        state.schema,
+                        state.partitions,
+                    )
+                ):
+                    self._remove(adds)  # written for the old schema: start again
+                    return done or (
+                        reloaded is not None
+                        and self.append(rows, txn=txn, metadata=metadata, file_rows=file_rows)
+                    )
+                state = reloaded
+                continue
             state.version = version
         raise RuntimeError(f"{self.path}: no free version after {COMMIT_ATTEMPTS} tries")
 
@@ -287,6 +320,10 @@ class LogAppender:
             return True
         except FileExistsError:
             return False
+        except OSError as err:
+            if err.errno in _NO_LINK_ERRORS:
+                raise _NoLinks(os.strerror(err.errno)) from err
+            raise
         finally:
             os.remove(temp)
 
@@ -360,7 +397,7 @@ def _millis(value: datetime, *, up: bool) -> str:
     cut = value.replace(microsecond=value.microsecond // 1000 * 1000)
     if up and cut != value:
         cut += timedelta(milliseconds=1)
-    return cut.strftime("%Y-%m-%dT%H:%M:%S.") + f"{cut.microsecond // 1000:03d}Z"
+    return f"{cut.year:04d}-" + cut.strftime("%m-%dT%H:%M:%S.") + f"{cut.microsecond // 1000:03d}Z"
 
 
 def _partitions(

@@ -20,6 +20,7 @@ from pyspark.sql import functions as F
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.checkpoints import CHECKPOINTS
 from engine.lakehouse.delta_log import Txn
+from engine.lakehouse.live_files import LiveFiles
 from engine.lakehouse.log_append import LogAppender
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
@@ -168,3 +169,36 @@ def test_a_stale_appender_reloads_after_a_checkpoint_cleaned_the_log(
     assert stale.append(_rows(21, 1))
     assert stale.version == 22
     assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == list(range(22))
+
+
+def test_a_txn_committed_before_a_schema_change_is_not_written_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = _spark_table(spark, tmp_path / "t")
+    stale = LogAppender(path)
+    assert stale.append(_rows(0, 1))
+    LogAppender(path).append(_rows(10, 3), txn=Txn("batch", 4))  # a replacement wrote it
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (extra STRING)")  # then a new schema
+    assert stale.append(_rows(10, 3), txn=Txn("batch", 4))  # the zombie's replay
+    assert spark.read.format("delta").load(path).where("id >= 10").count() == 3
+
+
+def test_tables_the_appender_or_the_reader_cannot_serve_are_refused_by_name(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    where = str(tmp_path / "by_name")
+    spark.sql(
+        f"CREATE TABLE delta.`{where}` (id BIGINT, name STRING) USING delta PARTITIONED BY (name)"
+    )
+    appender = LogAppender(where)
+    assert not appender.append(pa.table({"id": [1], "name": ["a b"]}))
+    assert appender.refused == "partition column name of type string"
+    mapped = str(tmp_path / "mapped")
+    spark.sql(
+        f"CREATE TABLE delta.`{mapped}` (id BIGINT) USING delta TBLPROPERTIES ("
+        "'delta.columnMapping.mode' = 'name', 'delta.minReaderVersion' = '2', "
+        "'delta.minWriterVersion' = '5')"
+    )
+    assert not LogAppender(mapped).append(pa.table({"id": [1]}))
+    with pytest.raises(ValueError, match="column mapping name"):
+        LiveFiles(mapped).dataset(0)
