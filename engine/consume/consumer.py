@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 import uuid
@@ -27,17 +28,19 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Self
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from engine.consume import commit_log
 from engine.consume.commit_log import POLL, append_commit, commit_columns, offset_rows
 from engine.consume.retry import check_retry_delays, consumer_columns, sendback_rows
 from engine.consume.subscription import known_topics
+from engine.consume.topic_reader import TopicReader
 from engine.core.clock import Clock, SystemClock, from_micros
 from engine.core.config import EngineConfig, GroupConfig
 from engine.core.errors import ConsumerConflictError, ConsumerError
-from engine.core.topics import check_group, retry_topic
+from engine.core.message import PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME, PROP_RETRY_TOPIC
+from engine.core.topics import RETRY_PREFIX, check_group, retry_topic
 from engine.lakehouse.catalog import register_table
 from engine.lakehouse.delta_log import VersionTracker, is_txn_race, table_id
 from engine.lakehouse.layout import layout
@@ -86,28 +89,13 @@ class Received:
         return (self.delivery_round, self._deliver_us, self.msg_id)
 
 
-def after(position: tuple[int, int, str] | None) -> Column:
-    """Rows of a topic table after ``position`` (all rows when it is ``None``)."""
-    if position is None:
-        return F.lit(True)
-    round_, deliver_us, msg_id = position
-    key = F.struct(F.unix_micros("deliver_ts").alias("us"), F.col("msg_id").alias("id"))
-    bound = F.struct(F.lit(deliver_us).alias("us"), F.lit(msg_id).alias("id"))
-    # The plain bound on delivery_round lets Delta skip every older file.
-    return (F.col("delivery_round") >= round_) & (
-        (F.col("delivery_round") > round_) | (key > bound)
-    )
-
-
-ORDER = ("delivery_round", "deliver_ts", "msg_id")
-
-
 @dataclass
 class _Table:
     """One subscribed topic table: where the group is, and the last version seen empty."""
 
     name: str
     tracker: VersionTracker
+    reader: TopicReader
     position: tuple[int, int, str] | None = None
     empty_at: int | None = None
 
@@ -184,7 +172,8 @@ class Consumer:
         names = [*known_topics(self.spark, self.cfg, self.topics), retry_topic(self.group)]
         lay = layout(self.cfg)
         self.tables = {
-            n: _Table(n, VersionTracker(self.spark, lay.topic(n))) for n in dict.fromkeys(names)
+            n: _Table(n, VersionTracker(self.spark, lay.topic(n)), TopicReader(lay.topic(n)))
+            for n in dict.fromkeys(names)
         }
         for table in self.tables.values():
             table.tracker.latest()
@@ -295,28 +284,13 @@ class Consumer:
             version = table.tracker.latest()
             if version < 0 or table.empty_at == version:
                 continue
-            # The latest snapshot (Delta keeps it cached and updates it incrementally; a
-            # versionAsOf read rebuilds one). It holds at least `probed`, so recording
-            # `probed` as read-empty is safe: a later commit is still seen as new.
+            # Rows of `version` or later: recording it as read-empty is safe, a later
+            # commit is still seen as new.
             probed = version
-            rows = (
-                self.spark.read.format("delta")
-                .load(table.path)
-                .where(after(table.position))
-                .orderBy(*ORDER)
-                .limit(limit)
-                .withColumn("table", F.lit(table.name))
-                .transform(consumer_columns)
-                .select(
-                    "*",
-                    F.unix_micros("deliver_ts").alias("_deliver_us"),
-                    F.unix_micros("delivered_ts").alias("_delivered_us"),
-                )
-                .collect()
-            )
+            rows = table.reader.read(version, table.position, limit).to_pylist()
             if not rows:
                 table.empty_at = probed
-            found.extend(_received(r) for r in rows)
+            found.extend(_received(r, table.name) for r in rows)
         found.sort(key=lambda m: m.position)
         return found[:limit]
 
@@ -387,6 +361,8 @@ class Consumer:
         self.seq = seq
         for table, m in last.items():
             self.tables[table].position = m.position
+            reader = self.tables[table].reader
+            reader.forget_before(reader.files.version, m.position)
         self._batch, self._settled = [], {}
         self._unforwarded = seq
         self._log_seen = self._log.latest()
@@ -454,20 +430,36 @@ class Consumer:
         self.close()
 
 
-def _received(row: Any) -> Received:
-    props = dict(row["properties"] or {})
+def _received(row: dict[str, Any], table: str) -> Received:
+    """A topic row (as :class:`TopicReader` reads it) as the consumer gets it: the real topic,
+    reconsume count and original id come from the engine's properties in a retry table."""
+    props = dict(row["properties"] or [])
+    retried = table.startswith(RETRY_PREFIX)  # elsewhere these are a producer's properties
+    real_topic = props.get(PROP_RETRY_TOPIC) if retried else None
+    origin = props.get(PROP_ORIGIN_MESSAGE_ID)
     return Received(
         msg_id=str(row["msg_id"]),
-        topic=str(row["real_topic"]),
+        topic=str(row["topic"] if real_topic is None else real_topic),
         body=bytes(row["body"] or b""),
         keys=tuple(row["keys"] or ()),
         tags=row["tags"],
         properties=props,
-        reconsume_times=int(row["reconsume_times"]),
-        origin_msg_id=str(row["origin_msg_id"]),
-        deliver_ts=from_micros(int(row["_deliver_us"])),
-        delivered_ts=from_micros(int(row["_delivered_us"] or 0)),
-        table=str(row["table"]),
+        reconsume_times=_whole(props.get(PROP_RECONSUME_TIME)) if retried else 0,
+        origin_msg_id=str(row["msg_id"] if origin is None else origin),
+        deliver_ts=from_micros(int(row["deliver_us"])),
+        delivered_ts=row["delivered_ts"] or from_micros(0),
+        table=table,
         delivery_round=int(row["delivery_round"]),
-        _deliver_us=int(row["_deliver_us"]),
+        _deliver_us=int(row["deliver_us"]),
     )
+
+
+def _whole(text: str | None) -> int:
+    """A property as a whole number, 0 when missing or not a 32-bit one (as Spark's
+    ``try_cast("int")`` then ``coalesce(..., 0)`` read it)."""
+    found = _INT.fullmatch(text or "")
+    value = int(found.group(1)) if found else 0
+    return value if -(2**31) <= value < 2**31 else 0
+
+
+_INT = re.compile(r"\s*([+-]?[0-9]+)\s*", re.ASCII)
