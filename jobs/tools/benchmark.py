@@ -55,6 +55,7 @@ from pyspark.sql import functions as F
 from engine.core.clock import SystemClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
+from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import delta_uri, list_topics
 from engine.lakehouse.fs import jvm
 from engine.lakehouse.layout import layout
@@ -92,6 +93,7 @@ class BenchPlan:
     drain_seconds: int = 90
     wakeups: int = 20
     kafka_messages: int = 200_000
+    aging: tuple[int, int] = (4, 45)  # segments x seconds, at fanout_rate on one engine
 
 
 QUICK = BenchPlan(
@@ -106,6 +108,7 @@ FULL = BenchPlan(
     1_000_000,
     (1, 10, 100),
     1_000,
+    aging=(5, 120),
 )
 #: A minute-long run of every workload on tiny numbers: checks the benchmark itself.
 SMOKE = BenchPlan(
@@ -120,6 +123,7 @@ SMOKE = BenchPlan(
     drain_seconds=60,
     wakeups=3,
     kafka_messages=2_000,
+    aging=(2, 5),
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
@@ -630,6 +634,32 @@ class Bench:
             Engine(self.spark, cfg, out=lambda line: log.info(line)).open().stamp_available()
         return round(time.monotonic() - started, 1)
 
+    def aging(self) -> list[dict[str, Any]]:
+        """The same load for minutes on one engine, in segments: does a round slow down as
+        the tables gain versions and files (one topic commit per round, one ``schedule``
+        commit per stamping batch)?"""
+        segments, seconds = self.plan.aging
+        rate = self.plan.fanout_rate
+        cfg = self.cfg("aging")
+        self.say(f"aging: {rate} msg/s for {segments} x {seconds} s on one engine")
+        runs = []
+        with self.engine(cfg) as engine:
+            started = time.monotonic()
+            for i in range(segments):
+                run = self.load(engine, cfg, rate, seconds, f"aging-{i}")
+                run.update(
+                    segment=i,
+                    age_s=round(time.monotonic() - started),
+                    topic_versions=ArrowDelta(layout(cfg).topic("bench_0")).latest(),
+                    schedule_versions=ArrowDelta(layout(cfg).schedule).latest(),
+                )
+                runs.append(run)
+                self.say(
+                    f"  at {run['age_s']} s ({run['topic_versions']} topic versions): "
+                    + _brief(run)
+                )
+        return runs
+
     def restart(self) -> list[dict[str, Any]]:
         """A new engine process on 0 .. N timers pending days ahead: launch to first round.
 
@@ -1049,6 +1079,7 @@ def table(results: dict[str, Any]) -> str:
     rows += [(f"ahead {r['rate_target']:,}/s", r) for r in work.get("ahead", [])]
     rows += [(f"backlog {r['backlog']:,}", r) for r in work.get("backlog", [])]
     rows += [(f"fanout {r['topics']} topics", r) for r in work.get("fanout", [])]
+    rows += [(f"aging at {r['age_s']} s", r) for r in work.get("aging", [])]
     for name, r in rows:
         d = r["delivery"]
         lines.append(
@@ -1108,14 +1139,14 @@ def _n(value: object) -> str:
 
 
 def chart(results: dict[str, Any], path: Path) -> None:
-    """A 2x2 PNG: steady lateness by rate, backlog round time, spike, fan-out."""
+    """A 3x2 PNG: steady lateness by rate, backlog round time, spike, fan-out, aging."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     work = _succeeded(results["workloads"])
-    fig, axes = plt.subplots(2, 2, figsize=(12, 8))
+    fig, axes = plt.subplots(3, 2, figsize=(12, 12))
     settings = results["settings"]
     fig.suptitle(
         f"delayq benchmark ({settings['mode']}, {settings['cpu_count']} cores, "
@@ -1178,11 +1209,39 @@ def chart(results: dict[str, Any], path: Path) -> None:
         lateness_panel(ax, work["fanout"], "topics", "topics")
         ax.set_xscale("log")
         ax.set_title("fan-out: lateness by topic count")
+    if work.get("aging"):
+        ax = axes[2][0]
+        runs = work["aging"]
+        xs = [r["age_s"] for r in runs]
+        for stage in ("scan", "topics", "commit"):
+            ys = [r["delivery"].get("stage_mean_s", {}).get(stage, 0) * 1000 for r in runs]
+            ax.plot(xs, ys, marker="o", label=f"round: {stage}")
+        ys = [r["stamping"].get("stage_mean_s", {}).get("write", 0) * 1000 for r in runs]
+        ax.plot(xs, ys, marker="s", label="stamping: write")
+        ax.plot(xs, [r["send_mean_s"] * 1000 for r in runs], marker="^", label="send")
+        ax.set_xlabel("engine age (s)")
+        ax.set_ylabel("ms (mean)")
+        ax.set_title("aging: flat is good")
+        ax.legend()
+        ax.grid(alpha=0.3)
+        ax = axes[2][1]
+        lateness_panel(ax, runs, "age_s", "engine age (s)")
+        ax.set_title("aging: lateness")
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
 
 
-WORKLOADS = ("steady", "ahead", "backlog", "restart", "spike", "fanout", "wakeup", "kafka")
+WORKLOADS = (
+    "steady",
+    "ahead",
+    "backlog",
+    "restart",
+    "spike",
+    "fanout",
+    "aging",
+    "wakeup",
+    "kafka",
+)
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]
