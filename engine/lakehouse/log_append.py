@@ -136,6 +136,7 @@ class LogAppender:
         self.path = delta_uri(path)
         self.log_dir = os.path.join(self.path, "_delta_log")
         self._state: _State | None = None
+        self._identity: tuple[int, int] | None = None  # of the first commit's file, at load
         self.refused: str | None = None  # why the table takes no blind append from here
 
     def _load(self, txn: Txn | None = None) -> tuple[_State | None, bool]:
@@ -145,6 +146,7 @@ class LogAppender:
         if self.refused:
             self._state = None
             return None, False
+        self._identity = self._first_commit()
         self._state = _State(
             version=int(table.version()),
             schema=pa.schema(table.schema().to_arrow()),
@@ -191,6 +193,7 @@ class LogAppender:
             and (
                 self._checkpointed_after(state.version)  # unseen commits may be cleaned up
                 or not set(rows.column_names) <= set(state.schema.names)  # a new column?
+                or self._first_commit() != self._identity  # a new table at the same path
             )
         ):
             state, done = self._load(txn)
@@ -336,6 +339,15 @@ class LogAppender:
                     for kind, action in json.loads(line).items():
                         actions.setdefault(kind, []).append(action)
         return actions
+
+    def _first_commit(self) -> tuple[int, int] | None:
+        """Which file holds version 0 (inode, mtime): a table deleted and made again at the
+        same path has a new one, and its versions are not this appender's."""
+        try:
+            found = os.stat(self._entry(0))
+        except FileNotFoundError:
+            return None  # (or cleaned up long ago)
+        return found.st_ino, found.st_mtime_ns
 
     def _checkpointed_after(self, version: int) -> bool:
         """Whether the table has a checkpoint past ``version``: commits this appender never

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -55,8 +56,17 @@ _TIMES = ("born_ts", "deliver_at")
 
 
 def _commitlog(spark: SparkSession, cfg: EngineConfig) -> ArrowDelta:
-    """A fresh delta-rs handle on ``commitlog`` (opening one reads the log: a few ms)."""
-    return ArrowDelta(ensure_tables(spark, cfg, migrate=False).commitlog)
+    """The process's handle on ``commitlog`` (kept: opening one reads the whole table state,
+    an append through a kept one writes the next log version at any table size)."""
+    path = ensure_tables(spark, cfg, migrate=False).commitlog
+    with _HANDLES_LOCK:
+        if path not in _HANDLES:
+            _HANDLES[path] = ArrowDelta(path)
+        return _HANDLES[path]
+
+
+_HANDLES: dict[str, ArrowDelta] = {}
+_HANDLES_LOCK = threading.Lock()
 
 
 def send_many(

@@ -5,6 +5,7 @@ are left to delta-rs."""
 from __future__ import annotations
 
 import os
+import shutil
 import threading
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -202,3 +203,18 @@ def test_tables_the_appender_or_the_reader_cannot_serve_are_refused_by_name(
     assert not LogAppender(mapped).append(pa.table({"id": [1]}))
     with pytest.raises(ValueError, match="column mapping name"):
         LiveFiles(mapped).dataset(0)
+
+
+def test_a_table_made_again_at_the_same_path_is_read_again(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    path = _spark_table(spark, tmp_path / "t")
+    appender = LogAppender(path)
+    for start in range(3):
+        assert appender.append(_rows(start, 1))  # knows version 3
+    shutil.rmtree(path)
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, other STRING) USING delta")
+    assert appender.append(pa.table({"id": [7], "other": ["x"]}))
+    assert appender.version == 1
+    got = spark.read.format("delta").load(path).collect()
+    assert [(r.id, r.other) for r in got] == [(7, "x")]
