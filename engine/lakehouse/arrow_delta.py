@@ -40,7 +40,7 @@ from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from engine.lakehouse.checkpoints import CHECKPOINT_INTERVAL, CHECKPOINTS
 from engine.lakehouse.delta_log import Txn, delta_uri
-from engine.lakehouse.log_append import LogAppender
+from engine.lakehouse.log_append import LogAppender, conform
 
 log = logging.getLogger(__name__)
 
@@ -182,7 +182,7 @@ class ArrowDelta:
                 delta-rs writes: it cuts by size, estimated by encoding a sample of rows).
 
         Raises:
-            KeyError: a column of the table is missing from ``rows``.
+            KeyError: a column the table requires (not nullable) is missing from ``rows``.
             ValueError: ``rows`` has a column the table does not.
         """
         with self._lock:
@@ -210,11 +210,7 @@ class ArrowDelta:
             app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None,
         )
         for attempt in range(1, APPEND_ATTEMPTS + 1):
-            schema = pa.schema(table.schema().to_arrow())
-            extra = sorted(set(rows.column_names) - set(schema.names))
-            if extra:
-                raise ValueError(f"{self.path} has no column {', '.join(extra)}")
-            data = rows.select(schema.names).cast(schema)
+            data = conform(rows, pa.schema(table.schema().to_arrow()), self.path)
             try:
                 write_deltalake(
                     table,

@@ -141,19 +141,21 @@ class LogAppender:
 
     def _load(self, txn: Txn | None = None) -> tuple[_State | None, bool]:
         """Read the table's state; and whether ``txn`` is already recorded in it."""
+        identity = self._first_commit()  # before the read: a table made again after it differs
         table = DeltaTable(self.path)
+        recorded = None if txn is None else table.transaction_version(txn.app_id)
+        done = txn is not None and recorded is not None and recorded >= txn.version
         self.refused = unsupported(table)
         if self.refused:
             self._state = None
-            return None, False
-        self._identity = self._first_commit()
+            return None, done
+        self._identity = identity
         self._state = _State(
             version=int(table.version()),
             schema=pa.schema(table.schema().to_arrow()),
             partitions=list(table.metadata().partition_columns),
         )
-        recorded = None if txn is None else table.transaction_version(txn.app_id)
-        return self._state, txn is not None and recorded is not None and recorded >= txn.version
+        return self._state, done
 
     @property
     def version(self) -> int:
@@ -182,7 +184,7 @@ class LogAppender:
             ``True`` once the rows are committed (or were, under ``txn``).
 
         Raises:
-            KeyError: a column of the table is missing from ``rows``.
+            KeyError: a column the table requires (not nullable) is missing from ``rows``.
             ValueError: ``rows`` has a column the table does not.
             deltalake.exceptions.TableNotFoundError: no Delta table at the path.
         """
@@ -194,6 +196,7 @@ class LogAppender:
                 self._checkpointed_after(state.version)  # unseen commits may be cleaned up
                 or not set(rows.column_names) <= set(state.schema.names)  # a new column?
                 or self._first_commit() != self._identity  # a new table at the same path
+                or not os.path.exists(self._entry(state.version))  # (and its version is gone)
             )
         ):
             state, done = self._load(txn)
@@ -247,10 +250,7 @@ class LogAppender:
 
     def _write_files(self, rows: pa.Table, state: _State, file_rows: int) -> list[dict[str, Any]]:
         """Write the data files (not in the table until committed); their ``add`` actions."""
-        extra = sorted(set(rows.column_names) - set(state.schema.names))
-        if extra:
-            raise ValueError(f"{self.path} has no column {', '.join(extra)}")
-        data = rows.select(state.schema.names).cast(state.schema)
+        data = conform(rows, state.schema, self.path)
         adds = []
         for values, part in _partitions(data, state.partitions):
             for chunk in _chunks(part, file_rows):
@@ -359,6 +359,38 @@ class LogAppender:
             return False
 
 
+def conform(rows: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
+    """``rows`` in the table's column order and types; a nullable column the rows lack is
+    null (as a Delta append without it writes: a writer that predates a new column keeps
+    working).
+
+    Raises:
+        ValueError: ``rows`` has a column the table does not.
+        KeyError: ``rows`` lacks a column the table requires (not nullable).
+
+    Example:
+        >>> conform(pa.table({"b": [1]}), pa.schema([("a", pa.string()), ("b", pa.int64())]), "t")
+        pyarrow.Table
+        a: string
+        b: int64
+        ----
+        a: [[null]]
+        b: [[1]]
+    """
+    extra = sorted(set(rows.column_names) - set(schema.names))
+    if extra:
+        raise ValueError(f"{path} has no column {', '.join(extra)}")
+    columns = []
+    for field in schema:
+        if field.name in rows.column_names:
+            columns.append(rows[field.name])
+        elif field.nullable:
+            columns.append(pa.nulls(rows.num_rows, field.type))
+        else:
+            raise KeyError(f"{path} requires column {field.name}")
+    return pa.table(columns, names=schema.names).cast(schema)
+
+
 # ---------------------------------------------------------------------- statistics
 
 
@@ -443,4 +475,4 @@ def _chunks(rows: pa.Table, file_rows: int) -> Iterator[pa.Table]:
         yield rows.slice(start, file_rows)
 
 
-__all__ = ["LogAppender", "file_stats", "unsupported"]
+__all__ = ["LogAppender", "conform", "file_stats", "unsupported"]

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
@@ -67,6 +68,16 @@ def _commitlog(spark: SparkSession, cfg: EngineConfig) -> ArrowDelta:
 
 _HANDLES: dict[str, ArrowDelta] = {}
 _HANDLES_LOCK = threading.Lock()
+
+
+def _forget_handles() -> None:
+    """In a forked child: new handles and lock (the parent's may be held by another thread)."""
+    global _HANDLES_LOCK
+    _HANDLES.clear()
+    _HANDLES_LOCK = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_handles)
 
 
 def send_many(

@@ -134,8 +134,19 @@ def test_a_new_column_from_another_writer_is_picked_up(spark: SparkSession, tmp_
     assert appender.append(_rows(0, 2))
     spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (extra STRING)")
     assert appender.append(_rows(2, 2).append_column("extra", pa.array(["x", "y"])))
-    got = spark.read.format("delta").load(path).orderBy("id").select("id", "extra").collect()
-    assert [(r.id, r.extra) for r in got] == [(0, None), (1, None), (2, "x"), (3, "y")]
+    stale = ArrowDelta(path)  # a producer's kept handle, made before the next column
+    stale.append(_rows(4, 1).append_column("extra", pa.array([None], pa.string())))
+    spark.sql(f"ALTER TABLE delta.`{path}` ADD COLUMNS (more INT)")
+    stale.append(_rows(5, 1))  # rows without the new columns: written as nulls
+    got = spark.read.format("delta").load(path).orderBy("id").select("id", "extra", "more")
+    assert [tuple(r) for r in got.collect()] == [
+        (0, None, None),
+        (1, None, None),
+        (2, "x", None),
+        (3, "y", None),
+        (4, None, None),
+        (5, None, None),
+    ]
 
 
 def test_a_table_with_a_check_constraint_is_left_to_delta_rs(
