@@ -27,9 +27,8 @@ import json
 import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import unquote
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -37,18 +36,18 @@ import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
+from engine.core.clock import to_micros
+from engine.lakehouse.arrow_delta import READ_OPTIONS, data_file
 from engine.lakehouse.delta_log import delta_uri
 
-#: Spark writes timestamps as INT96; read them as microseconds (Spark's precision).
 _FORMAT = ds.ParquetFileFormat(
-    read_options=ds.ParquetReadOptions(coerce_int96_timestamp_unit="us"),
+    read_options=READ_OPTIONS,
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True),
 )
 _LOCAL = pafs.LocalFileSystem()
 #: Delta writes timestamp statistics at millisecond precision, some writers truncating the
 #: maximum: a maximum is taken as this many microseconds later, so no file is wrongly skipped.
 TIMESTAMP_MAX_SLACK_US = 1000
-EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 
 @dataclass
@@ -198,7 +197,7 @@ class LiveFiles:
             low = {c: _number(a.get(f"min.{c}")) for c in self.stats}
             high = {c: _number(a.get(f"max.{c}"), up=True) for c in self.stats}
             entry = DataFile(
-                path=self._local(a["path"]),
+                path=data_file(self.path, a["path"]),
                 partition={c: a.get(f"partition.{c}") for c in self._partitions},
                 rows=a.get("num_records"),
                 low={c: v for c, v in low.items() if v is not None},
@@ -219,7 +218,7 @@ class LiveFiles:
                 add = line["add"]
                 if add.get("deletionVector"):
                     raise ValueError(f"{self.path}: deletion vectors are not read here")
-                path = self._local(add["path"])
+                path = data_file(self.path, add["path"])
                 stats = json.loads(add["stats"]) if add.get("stats") else {}
                 self._files[path] = DataFile(
                     path=path,
@@ -230,7 +229,7 @@ class LiveFiles:
                     added=version,
                 )
             elif "remove" in line:
-                gone = self._files.get(self._local(line["remove"]["path"]))
+                gone = self._files.get(data_file(self.path, line["remove"]["path"]))
                 if gone is not None:
                     gone.removed = version
         self.version = version
@@ -267,11 +266,6 @@ class LiveFiles:
             expression = expression & test
         return expression
 
-    def _local(self, path: str) -> str:
-        if "://" in path or path.startswith("file:"):
-            return delta_uri(unquote(path))
-        return os.path.join(self.path, *unquote(path).split("/"))
-
 
 #: Reader features whose files Arrow reads as written (by column name, every row live).
 READABLE_FEATURES = frozenset({"timestampNtz", "vacuumProtocolCheck", "v2Checkpoint"})
@@ -297,8 +291,7 @@ def _number(value: Any, *, up: bool = False) -> int | None:
         return value
     if isinstance(value, datetime):
         aware = value if value.tzinfo else value.replace(tzinfo=UTC)  # delta-rs: UTC
-        micros = (aware - EPOCH) // timedelta(microseconds=1)
-        return micros + (TIMESTAMP_MAX_SLACK_US if up else 0)
+        return to_micros(aware) + (TIMESTAMP_MAX_SLACK_US if up else 0)
     return None
 
 

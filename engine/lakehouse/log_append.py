@@ -208,7 +208,7 @@ class LogAppender:
         for _ in range(COMMIT_ATTEMPTS):
             version = state.version + 1
             try:
-                if self._put(version, self._commit(adds, txn, metadata, version)):
+                if self._put(version, self._commit(adds, rows.num_rows, txn, metadata, version)):
                     state.version = version
                     return True
             except _NoLinks as err:
@@ -285,7 +285,12 @@ class LogAppender:
     # ------------------------------------------------------------------ log
 
     def _commit(
-        self, adds: list[dict[str, Any]], txn: Txn | None, metadata: str | None, version: int
+        self,
+        adds: list[dict[str, Any]],
+        rows: int,
+        txn: Txn | None,
+        metadata: str | None,
+        version: int,
     ) -> bytes:
         now = int(time.time() * 1000)
         info: dict[str, Any] = {
@@ -297,7 +302,7 @@ class LogAppender:
             "isBlindAppend": True,
             "operationMetrics": {
                 "numFiles": str(len(adds)),
-                "numOutputRows": str(sum(json.loads(a["stats"])["numRecords"] for a in adds)),
+                "numOutputRows": str(rows),
                 "numOutputBytes": str(sum(a["size"] for a in adds)),
             },
             "engineInfo": ENGINE_INFO,
