@@ -38,6 +38,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default="bench/out", help="output folder (default bench/out)")
     parser.add_argument("--conf", metavar="FILE", help="TOML config (default conf/engine.toml)")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
+    parser.add_argument(
+        "--keep", action="store_true", help="keep the bench lakehouses (under --out) after the run"
+    )
     args = parser.parse_args(argv)
     chosen = [w.strip() for w in args.workloads.split(",") if w.strip()]
     unknown = sorted(set(chosen) - set(WORKLOADS))
@@ -49,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
         spark = build_spark(cfg)
         passed = ["--conf", args.conf] if args.conf else []
         passed += [item for value in args.set for item in ("--set", value)]
-        bench = Bench(spark, cfg, PLANS[args.mode], Path(args.out), engine_args=passed)
+        bench = Bench(
+            spark, cfg, PLANS[args.mode], Path(args.out), engine_args=passed, keep=args.keep
+        )
         print(f"delayq bench ({args.mode}): {', '.join(chosen)}")
         results = bench.run(chosen)
     except DelayQError as err:

@@ -475,6 +475,8 @@ class Bench:
     results: dict[str, Any] = field(default_factory=dict)
     #: ``--conf``/``--set`` arguments the bench was given, passed on to engine processes.
     engine_args: Sequence[str] = ()
+    #: Keep the bench lakehouses after the run (to inspect their tables and logs).
+    keep: bool = False
 
     def __post_init__(self) -> None:
         self.memory = MemorySampler(self.spark)
@@ -1044,14 +1046,17 @@ class Bench:
         }
 
     def write(self) -> None:
-        """Write ``<stamp>-<mode>.json`` and ``.png``; remove the bench lakehouses."""
+        """Write ``<stamp>-<mode>.json`` and ``.png``; remove the bench lakehouses unless kept."""
         stem = self.out_dir / f"{self.stamp}-{self.plan.mode}"
         Path(f"{stem}.json").write_text(json.dumps(self.results, indent=2, default=str))
         try:
             chart(self.results, Path(f"{stem}.png"))
         except Exception:  # a chart must not lose the figures
             log.exception("chart failed")
-        shutil.rmtree(self.lake_root, ignore_errors=True)
+        if self.keep:
+            self.say(f"\nlakehouses kept in {self.lake_root}")
+        else:
+            shutil.rmtree(self.lake_root, ignore_errors=True)
         self.say(f"\nresults: {stem}.json\nchart:   {stem}.png")
 
 
