@@ -214,41 +214,8 @@ def test_ingest_job_runs_with_spark_submit(
     ]
 
 
-def test_parse_records_never_fails_on_odd_records(
-    spark: SparkSession, make_cfg: Any, clock: FakeClock
-) -> None:
-    """Run on a DataFrame shaped like Spark's Kafka source: no broker needed."""
-    from datetime import UTC, datetime
-
+def test_kafka_config_errors_name_the_key(make_cfg: Any) -> None:
     from engine.core.errors import ConfigError
-    from engine.produce.kafka_ingest import parse_records
-
-    cfg = make_cfg()
-    schema = (
-        "key binary, value binary, topic string, partition int, offset long, "
-        "timestamp timestamp, headers array<struct<key:string,value:binary>>"
-    )
-    born = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def record(offset: int, value: bytes, key: bytes | None, **headers: bytes) -> tuple[Any, ...]:
-        return (key, value, "in", 0, offset, born, [(k, v) for k, v in headers.items()])
-
-    records = spark.createDataFrame([
-        record(0, b"binary", b"\xff\xfe", REAL_TOPIC=b"orders", trace=b"\x00\xff"),
-        record(1, b"forwarded", None, REAL_TOPIC=b"orders", KAFKA_TOPIC=b"x", DELAYQ_MSG_ID=b"old"),
-        record(2, b"overflow at", None, REAL_TOPIC=b"orders", TIMER_DELIVER_MS=b"9" * 17),
-        record(3, b"overflow sec", None, REAL_TOPIC=b"orders", TIMER_DELAY_SEC=b"9300000000000"),
-        record(4, b"forged retry", None, REAL_TOPIC=b"retry_billing", RECONSUME_TIME=b"16"),
-    ], schema)  # fmt: skip
-    rows = {r["body"]: r.asDict() for r in parse_records(records, cfg, START).collect()}
-    assert rows[b"binary"]["reason"] is None and rows[b"binary"]["keys"] == ["base64://4="]
-    assert rows[b"binary"]["properties"]["trace"] == "base64:AP8="
-    forwarded = rows[b"forwarded"]["properties"]
-    assert forwarded["KAFKA_TOPIC"] == "in" and "DELAYQ_MSG_ID" not in forwarded
-    assert "is not ms since the epoch" in rows[b"overflow at"]["reason"]
-    assert "within messages.max_delay" in rows[b"overflow sec"]["reason"]
-    assert rows[b"forged retry"]["reason"] == "topic 'retry_billing' is reserved for the engine"
-    assert len({r["msg_id"] for r in rows.values()}) == 5
 
     with pytest.raises(ConfigError, match=r"kafka\.ingest_topics"):
         EngineConfig.from_mapping({"kafka.ingest_topics": " "})

@@ -1,0 +1,94 @@
+"""Kafka records shaped as commitlog rows, in Arrow: what a record with odd headers becomes."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from engine.core.clock import to_millis
+from engine.core.config import EngineConfig
+from engine.produce.kafka_records import kafka_records, parse_records
+
+NOW = datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=UTC)
+BORN_MS = to_millis(datetime(2026, 1, 1, tzinfo=UTC))
+
+
+def parsed(*records: dict[str, Any], **overrides: Any) -> dict[bytes, dict[str, Any]]:
+    cfg = EngineConfig().with_overrides(**overrides)
+    table = kafka_records(
+        [{"topic": "in", "offset": i, "timestamp": BORN_MS, **r} for i, r in enumerate(records)]
+    )
+    rows = parse_records(table, cfg, NOW).to_pylist()
+    return {r["body"] if r["body"] is not None else b"<none>": r for r in rows}
+
+
+def test_odd_records_are_stored_or_refused_never_an_error() -> None:
+    rows = parsed(
+        {"value": b"binary", "key": b"\xff\xfe",
+         "headers": [("REAL_TOPIC", b"orders"), ("trace", b"\x00\xff")]},
+        {"value": b"forwarded",
+         "headers": [("REAL_TOPIC", b"orders"), ("KAFKA_TOPIC", b"x"), ("DELAYQ_MSG_ID", b"o")]},
+        {"value": b"overflow at",
+         "headers": [("REAL_TOPIC", b"o"), ("TIMER_DELIVER_MS", b"9" * 17)]},
+        {"value": b"overflow sec",
+         "headers": [("REAL_TOPIC", b"o"), ("TIMER_DELAY_SEC", b"9300000000000")]},
+        {"value": b"forged retry", "headers": [("REAL_TOPIC", b"retry_billing")]},
+        {"value": None, "headers": [("REAL_TOPIC", b"orders")]},
+        {"value": b"unmapped", "topic": "raw"},
+    )  # fmt: skip
+    assert rows[b"binary"]["reason"] is None and rows[b"binary"]["keys"] == ["base64://4="]
+    assert dict(rows[b"binary"]["properties"])["trace"] == "base64:AP8="
+    forwarded = dict(rows[b"forwarded"]["properties"])
+    assert forwarded["KAFKA_TOPIC"] == "in" and "DELAYQ_MSG_ID" not in forwarded
+    assert rows[b"overflow at"]["reason"] == (
+        "header TIMER_DELIVER_MS='99999999999999999' is not ms since the epoch"
+    )
+    assert "within messages.max_delay" in rows[b"overflow sec"]["reason"]
+    assert rows[b"forged retry"]["reason"] == "topic 'retry_billing' is reserved for the engine"
+    assert rows[b"<none>"]["reason"] == "the record has no value (body)"
+    assert rows[b"unmapped"]["reason"] == (
+        "no REAL_TOPIC header and no kafka.topic_map entry for topic 'raw'"
+    )
+    assert len({r["msg_id"] for r in rows.values()}) == 7
+
+
+def test_headers_set_delay_topic_keys_tags_and_properties() -> None:
+    rows = parsed(
+        {"value": b"level", "key": b"k1", "headers": [
+            ("DELAY", b" +2 "), ("REAL_TOPIC", b"orders"), ("KEYS", b" a  b "), ("TAGS", b"t"),
+            ("color", b"red"), ("color", b"blue"), ("empty", None)]},
+        {"value": b"ms", "headers": [("TIMER_DELAY_MS", b"1500")]},
+        {"value": b"sec", "headers": [("TIMER_DELAY_SEC", b"3")]},
+        {"value": b"now"},
+        {"value": b"two", "headers": [("DELAY", b"1"), ("TIMER_DELAY_MS", b"5")]},
+        {"value": b"soon", "headers": [("DELAY", b"1.5")]},
+        {"value": b"retry",
+         "headers": [("UNIQ_KEY", b"order-7"), ("DELAY", b"x"), ("DELAY", b"1")]},
+        kafka_ingest_topics=("in",),
+        kafka_topic_map={"in": "audit"},
+    )  # fmt: skip
+    level = rows[b"level"]
+    assert (level["topic"], level["delay_level"], level["deliver_at"]) == ("orders", 2, None)
+    assert level["keys"] == ["k1", "a", "b"] and level["tags"] == "t"
+    assert level["properties"] == [
+        ("color", "blue"), ("empty", ""),
+        ("KAFKA_TOPIC", "in"), ("KAFKA_PARTITION", "0"), ("KAFKA_OFFSET", "0"),
+    ]  # fmt: skip
+    now_ms = to_millis(NOW)  # store time in whole milliseconds, as the delay is added
+    assert to_millis(rows[b"ms"]["deliver_at"]) == now_ms + 1500
+    assert to_millis(rows[b"sec"]["deliver_at"]) == now_ms + 3000
+    assert rows[b"sec"]["topic"] == "audit" and rows[b"now"]["deliver_at"] is None
+    assert rows[b"now"]["store_ts"] == NOW and to_millis(rows[b"now"]["born_ts"]) == BORN_MS
+    assert rows[b"two"]["reason"].startswith("give only one of the headers DELAY, ")
+    assert rows[b"soon"]["reason"] == "header DELAY='1.5' is not a level"
+    assert rows[b"retry"]["msg_id"] == "order-7" and rows[b"retry"]["delay_level"] == 1
+
+
+def test_made_ids_depend_on_topic_partition_offset_and_time_only() -> None:
+    first = parsed({"value": b"a", "headers": [("REAL_TOPIC", b"o")]})[b"a"]["msg_id"]
+    again = parsed({"value": b"a", "headers": [("REAL_TOPIC", b"o"), ("x", b"y")]})[b"a"]
+    assert again["msg_id"] == first and len(first) == 32 and first.isupper()
+
+
+def test_an_empty_batch_gives_no_rows() -> None:
+    assert parse_records(kafka_records([]), EngineConfig(), NOW).num_rows == 0
