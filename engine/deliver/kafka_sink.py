@@ -16,10 +16,12 @@ Example:
 
 from __future__ import annotations
 
+import numpy as np
 import pyarrow as pa
-from pyspark.sql import Column, DataFrame, SparkSession
-from pyspark.sql import functions as F
+import pyarrow.compute as pc
+from pyspark.sql import SparkSession
 
+from engine.core.arrow_lists import entry_rows, grouped
 from engine.core.config import EngineConfig
 from engine.core.kafka_headers import HEADER_DELIVER_TS, HEADER_MSG_ID, HEADER_TAGS
 from engine.lakehouse.fs import hadoop_path, jvm
@@ -27,39 +29,87 @@ from engine.lakehouse.layout import Layout
 
 #: Bounds on how long one write may block on an unreachable broker (Kafka's defaults are
 #: 60 s and 120 s); the round then fails and is retried with back-off.
-PRODUCER_TIMEOUTS = {"kafka.max.block.ms": "20000", "kafka.delivery.timeout.ms": "30000"}
+PRODUCER_TIMEOUTS = {
+    "kafka.max.block.ms": "20000",
+    "kafka.request.timeout.ms": "20000",  # + linger.ms must stay within delivery.timeout.ms
+    "kafka.delivery.timeout.ms": "30000",
+}
+#: A round sends its records at once: batches of up to 1 MiB (Kafka's default is 16 KiB)
+#: more than halved the time a round of 100,000 records took to reach the broker.
+PRODUCER_BATCHING = {"kafka.batch.size": "1048576", "kafka.linger.ms": "5"}
+
+_HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
 
 
-def kafka_records(rows: DataFrame, kafka_topic: str) -> DataFrame:
+def kafka_records(rows: pa.Table, kafka_topic: str) -> pa.Table:
     """Topic-table rows as Kafka records: ``topic, key, value, headers``.
 
-    The key is the message's first key; properties become headers, next to
-    ``DELAYQ_MSG_ID``, ``DELAYQ_DELIVER_TS`` (ms since the epoch) and ``TAGS``.
+    The key is the message's first key; the headers are ``DELAYQ_MSG_ID``,
+    ``DELAYQ_DELIVER_TS`` (ms since the epoch), ``TAGS`` when the message has tags, then
+    its properties (a property without a value is ``""``).
+
+    Example:
+        >>> from datetime import UTC, datetime
+        >>> rows = pa.table({"msg_id": ["A1"], "keys": [["order-7"]], "tags": [None],
+        ...     "properties": pa.array([[("p", "v")]], pa.map_(pa.string(), pa.string())),
+        ...     "body": [b"hi"], "deliver_ts": [datetime(2026, 1, 1, tzinfo=UTC)]})
+        >>> record = kafka_records(rows, "orders").to_pylist()[0]
+        >>> record["key"], [h["key"] for h in record["headers"]]
+        (b'order-7', ['DELAYQ_MSG_ID', 'DELAYQ_DELIVER_TS', 'p'])
+        >>> record["headers"][1]["value"]
+        b'1767225600000'
     """
+    rows = rows.combine_chunks()
+    n = rows.num_rows
 
-    def pair(name: str, value: Column) -> Column:
-        return F.struct(F.lit(name).alias("key"), F.encode(value, "UTF-8").alias("value"))
+    def column(name: str) -> pa.Array:
+        found = rows[name]
+        return found.chunk(0) if found.num_chunks else pa.array([], found.type)
 
-    fixed = F.array(
-        pair(HEADER_MSG_ID, F.col("msg_id")),
-        pair(HEADER_DELIVER_TS, F.unix_millis("deliver_ts").cast("string")),
-    )
-    tags = F.when(F.col("tags").isNotNull(), F.array(pair(HEADER_TAGS, F.col("tags")))).otherwise(
-        F.array().cast("array<struct<key:string,value:binary>>")
-    )
-    props = F.transform(
-        F.map_entries(F.coalesce(F.col("properties"), F.create_map().cast("map<string,string>"))),
-        lambda e: F.struct(
-            e["key"].alias("key"),
-            F.encode(F.coalesce(e["value"], F.lit("")), "UTF-8").alias("value"),
+    everyone = np.arange(n, dtype=np.int64)
+    millis = pc.divide(pc.cast(column("deliver_ts"), pa.int64()), 1000)
+    tagged = np.flatnonzero(np.asarray(pc.is_valid(column("tags")).to_numpy(zero_copy_only=False)))
+    maps = column("properties")
+    properties = pa.ListArray.from_arrays(maps.offsets, maps.values)  # a null map: empty
+    entries = pc.list_flatten(properties)
+    names, values = (entries.flatten() if len(entries) else
+                     (pa.array([], pa.string()), pa.array([], pa.string())))  # fmt: skip
+    fixed = [
+        (everyone, pa.array([HEADER_MSG_ID] * n, pa.string()), column("msg_id")),
+        (everyone, pa.array([HEADER_DELIVER_TS] * n, pa.string()), pc.cast(millis, pa.string())),
+        (tagged, pa.array([HEADER_TAGS] * len(tagged), pa.string()),
+         column("tags").take(pa.array(tagged, pa.int64()))),
+        (entry_rows(properties), names, pc.fill_null(values, "")),
+    ]  # fmt: skip
+    offsets, order = grouped(n, np.concatenate([part[0] for part in fixed]))
+    header_keys = pa.concat_arrays([part[1] for part in fixed]).take(order)
+    header_values = pa.concat_arrays([pc.cast(part[2], pa.string()) for part in fixed]).take(order)
+    headers = pa.ListArray.from_arrays(
+        offsets,
+        pa.StructArray.from_arrays(
+            [header_keys, pc.cast(header_values, pa.binary())], names=["key", "value"]
         ),
+        type=_HEADERS,
     )
-    first_key = F.when(F.size("keys") > 0, F.encode(F.element_at("keys", 1), "UTF-8"))
-    return rows.select(
-        F.lit(kafka_topic).alias("topic"),
-        first_key.alias("key"),
-        F.col("body").alias("value"),
-        F.concat(fixed, tags, props).alias("headers"),
+    keys = column("keys")
+    key_rows = entry_rows(keys)
+    first_rows, first = np.unique(key_rows, return_index=True)
+    key = np.full(n, -1, dtype=np.int64)
+    key[first_rows] = first
+    missing = key < 0
+    flat_keys = pc.list_flatten(keys)
+    first_key = (
+        pc.take(flat_keys, pa.array(np.where(missing, 0, key), mask=missing))
+        if len(flat_keys)
+        else pa.nulls(n, pa.string())
+    )
+    return pa.table(
+        {
+            "topic": pa.array([kafka_topic] * n, pa.string()),
+            "key": pc.cast(first_key, pa.binary()),
+            "value": column("body"),
+            "headers": headers,
+        }
     )
 
 
@@ -88,13 +138,13 @@ class KafkaTopicSink:
 
         Only the round in progress can be replayed, so the topic's older markers are removed.
         """
-        frame = self.spark.createDataFrame(rows)
-        writer = kafka_records(frame, table).write.format("kafka")
+        writer = self.spark.createDataFrame(kafka_records(rows, table)).write.format("kafka")
         settings = {
             "kafka.bootstrap.servers": self.cfg.kafka_bootstrap,
             "kafka.acks": "all",
             "kafka.enable.idempotence": "true",
             **PRODUCER_TIMEOUTS,
+            **PRODUCER_BATCHING,
         }
         for key, value in settings.items():
             writer = writer.option(key, value)
