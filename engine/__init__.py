@@ -15,28 +15,83 @@ under the stages ``produce`` -> ``stamp`` -> ``deliver`` -> ``consume``, with ``
 
 from __future__ import annotations
 
-from engine.consume.consumer import Consumer, Received
-from engine.consume.lag import lag
-from engine.consume.stream import consume_stream
-from engine.control.commands import cancel, reschedule
-from engine.control.inspect import forecast, history, pending
-from engine.control.status import Status, read_status
-from engine.core.clock import Clock, FakeClock, SystemClock
-from engine.core.config import EngineConfig, load_config
-from engine.core.errors import (
-    CheckpointError,
-    ConfigError,
-    ConsumerError,
-    DelayQError,
-    InvalidMessageError,
-    RetryableError,
-)
-from engine.core.levels import LevelTable, parse_levels
-from engine.core.message import Message
-from engine.lakehouse.catalog import register_all as refresh_tables
-from engine.lakehouse.session import build_spark
-from engine.produce.send import send, send_arrow, send_df, send_many
-from engine.run.engine import Engine
+from importlib import import_module
+from typing import TYPE_CHECKING, Any
+
+#: Where each public name lives. Imported on first use: ``delayq status`` must not pay for
+#: Spark, Arrow and delta-rs before it knows it needs them (a running engine answers it).
+_WHERE = {
+    "Consumer": "engine.consume.consumer",
+    "Received": "engine.consume.consumer",
+    "lag": "engine.consume.lag",
+    "consume_stream": "engine.consume.stream",
+    "cancel": "engine.control.commands",
+    "reschedule": "engine.control.commands",
+    "forecast": "engine.control.inspect",
+    "history": "engine.control.inspect",
+    "pending": "engine.control.inspect",
+    "Status": "engine.control.status",
+    "read_status": "engine.control.status",
+    "Clock": "engine.core.clock",
+    "FakeClock": "engine.core.clock",
+    "SystemClock": "engine.core.clock",
+    "EngineConfig": "engine.core.config",
+    "load_config": "engine.core.config",
+    "CheckpointError": "engine.core.errors",
+    "ConfigError": "engine.core.errors",
+    "ConsumerError": "engine.core.errors",
+    "DelayQError": "engine.core.errors",
+    "InvalidMessageError": "engine.core.errors",
+    "RetryableError": "engine.core.errors",
+    "LevelTable": "engine.core.levels",
+    "parse_levels": "engine.core.levels",
+    "Message": "engine.core.message",
+    "build_spark": "engine.lakehouse.session",
+    "send": "engine.produce.send",
+    "send_arrow": "engine.produce.send",
+    "send_df": "engine.produce.send",
+    "send_many": "engine.produce.send",
+    "Engine": "engine.run.engine",
+}
+_RENAMED = {"refresh_tables": ("engine.lakehouse.catalog", "register_all")}
+
+if TYPE_CHECKING:
+    from engine.consume.consumer import Consumer, Received
+    from engine.consume.lag import lag
+    from engine.consume.stream import consume_stream
+    from engine.control.commands import cancel, reschedule
+    from engine.control.inspect import forecast, history, pending
+    from engine.control.status import Status, read_status
+    from engine.core.clock import Clock, FakeClock, SystemClock
+    from engine.core.config import EngineConfig, load_config
+    from engine.core.errors import (
+        CheckpointError,
+        ConfigError,
+        ConsumerError,
+        DelayQError,
+        InvalidMessageError,
+        RetryableError,
+    )
+    from engine.core.levels import LevelTable, parse_levels
+    from engine.core.message import Message
+    from engine.lakehouse.catalog import register_all as refresh_tables
+    from engine.lakehouse.session import build_spark
+    from engine.produce.send import send, send_arrow, send_df, send_many
+    from engine.run.engine import Engine
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name from its module on first use (PEP 562)."""
+    if name in _WHERE:
+        value = getattr(import_module(_WHERE[name]), name)
+    elif name in _RENAMED:
+        module, attribute = _RENAMED[name]
+        value = getattr(import_module(module), attribute)
+    else:
+        raise AttributeError(f"module 'engine' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
 
 __all__ = [
     "CheckpointError",
