@@ -19,7 +19,10 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import functools
+import threading
+from collections.abc import Callable, Iterable
+from typing import Any, TypeVar, cast
 
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
@@ -33,6 +36,21 @@ from engine.lakehouse.layout import layout
 from engine.lakehouse.views import delay_offset_view_sql, lag_sql, views_sql
 from schemas import SCHEDULE, column_names
 
+#: One registration at a time in a process: Spark's session catalog replaces a view in two
+#: steps, and a second ``CREATE OR REPLACE`` in between fails with "already exists".
+REGISTERING = threading.RLock()
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def _one_at_a_time(function: _F) -> _F:
+    @functools.wraps(function)
+    def registering(*args: Any, **kwargs: Any) -> Any:
+        with REGISTERING:
+            return function(*args, **kwargs)
+
+    return cast(_F, registering)
+
 
 def ensure_database(spark: SparkSession, cfg: EngineConfig) -> None:
     """Create ``cfg.database`` in the session's catalog if it is missing."""
@@ -40,12 +58,14 @@ def ensure_database(spark: SparkSession, cfg: EngineConfig) -> None:
         spark.sql(f"CREATE DATABASE IF NOT EXISTS `{cfg.database}`")
 
 
+@_one_at_a_time
 def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str) -> None:
     """Make the Delta table at ``path`` queryable as ``<database>.<name>``."""
     ensure_database(spark, cfg)
     spark.sql(f"CREATE TABLE IF NOT EXISTS `{cfg.database}`.`{name}` USING delta LOCATION '{path}'")
 
 
+@_one_at_a_time
 def register_views(spark: SparkSession, cfg: EngineConfig, pending: bool = True) -> None:
     """Create or replace ``delay_offset``, and with ``pending`` also ``pending`` and
     ``due_forecast`` (they need ``schedule`` and ``command_results``)."""
@@ -69,6 +89,7 @@ def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
     return {n: lay.topic(n) for n in names if n in present}
 
 
+@_one_at_a_time
 def register_lag_view(spark: SparkSession, cfg: EngineConfig) -> None:
     """Create or replace ``<database>.consumer_lag`` over the groups known now."""
     tables = lag_tables(spark, cfg)
@@ -83,10 +104,17 @@ def register_all(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     """Register every existing topic table, the engine's tables and its views by name.
 
     Call again to pick up topics created since (``engine.refresh_tables(spark, cfg)``).
+    Safe beside the engine's own registrations in the same process (a ``delayq`` command
+    the engine carries out registers too): one registration at a time.
 
     Returns:
         The topic table names registered.
     """
+    with REGISTERING:
+        return _register_all(spark, cfg)
+
+
+def _register_all(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     lay = layout(cfg)
     present = []
     for name in ENGINE_TABLES + OPTIONAL_TABLES:
@@ -134,6 +162,10 @@ class Catalog:
         checkpoint views."""
         if not self.cfg.register_tables:
             return
+        with REGISTERING:
+            self._register_new(delta_topics, committed)
+
+    def _register_new(self, delta_topics: Iterable[str], committed: bool) -> None:
         for name in sorted(set(delta_topics) - self._known):
             register_table(self.spark, self.cfg, name, layout(self.cfg).topic(name))
             self._known.add(name)
