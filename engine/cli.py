@@ -13,7 +13,9 @@ Examples::
     delayq forecast --minutes 60           # how many come due per minute
     delayq history --key order-1           # sent, stamped, delivered, with times
     delayq cancel --id 3F2A...             # or --key order-1 [--topic orders]
+    delayq cancel --id 3F2A... --id 9B01...   # many at once, or --file ids.txt
     delayq reschedule --id 3F2A... --delay 2h
+    delayq reschedule --file moves.txt     # a line: ID [TIME or DELAY]
     delayq run --until-idle --set levels.delays="1s 2s 3s"
     delayq lag --group billing             # consumer lag per topic
     delayq dlq list --group billing        # dead letters of a consumer group
@@ -22,21 +24,23 @@ Examples::
     delayq dlq purge --group billing --all            # asks first (--yes to skip)
 
 Every command takes ``--conf FILE`` and any number of ``--set key=value`` overrides
-(after the command name).
+(after the command name). When an engine runs on the lakehouse, commands other than ``run``
+are carried out by it (:mod:`engine.control.endpoint`: about a second instead of starting a
+Spark of their own); ``--local`` runs one here anyway.
 """
 
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import sys
+import threading
 from collections.abc import Sequence
-from typing import Any
-
-from pyspark.sql import functions as F
+from typing import Any, TextIO
 
 from engine.core.config import EngineConfig, load_config, parse_override
-from engine.core.errors import DelayQError, InvalidMessageError
+from engine.core.errors import ConfigError, DelayQError, InvalidMessageError
 from engine.run.report import run_main, setup_logging
 
 DEMO_TOPICS = ("orders", "notifications")
@@ -52,6 +56,11 @@ def _parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         help="override a config key, e.g. --set levels.delays='1s 2s 3s' (repeatable)",
+    )
+    common.add_argument(
+        "--local",
+        action="store_true",
+        help="run in this process with a Spark of its own, even when an engine runs",
     )
     # --conf/--set belong to each command (argparse would let a subcommand's default
     # silently replace a value given before the command name).
@@ -108,15 +117,25 @@ def _parser() -> argparse.ArgumentParser:
     who.add_argument("--id", dest="msg_id", help="message id")
     who.add_argument("--key", help="every message with this key")
     wait_help = "seconds to wait for the engine's answer (default 30; 0: do not wait)"
-    stop = sub.add_parser("cancel", parents=[common], help="cancel a scheduled message")
+    stop = sub.add_parser("cancel", parents=[common], help="cancel scheduled messages")
     which = stop.add_mutually_exclusive_group(required=True)
-    which.add_argument("--id", dest="msg_id", help="message id")
+    which.add_argument("--id", dest="msg_ids", action="append", help="message id (repeatable)")
     which.add_argument("--key", help="every pending message with this key")
+    which.add_argument(
+        "--file", metavar="IDS", help="message ids, one per line ('-' reads standard input)"
+    )
     stop.add_argument("--topic", help="with --key: only messages for this topic")
     stop.add_argument("--wait", type=float, default=30.0, metavar="S", help=wait_help)
-    move = sub.add_parser("reschedule", parents=[common], help="move a message to a new time")
-    move.add_argument("--id", dest="msg_id", required=True, help="message id")
-    to = move.add_mutually_exclusive_group(required=True)
+    move = sub.add_parser("reschedule", parents=[common], help="move messages to a new time")
+    ids = move.add_mutually_exclusive_group(required=True)
+    ids.add_argument("--id", dest="msg_ids", action="append", help="message id (repeatable)")
+    ids.add_argument(
+        "--file",
+        metavar="MOVES",
+        help="one message per line: ID, then optionally its own new time (ms, ISO-8601 with a "
+        "zone, or a delay such as 15m); '-' reads standard input",
+    )
+    to = move.add_mutually_exclusive_group()
     to.add_argument("--deliver-at", metavar="TIME", help="new time: ms or ISO-8601 with a zone")
     to.add_argument("--delay", metavar="DURATION", help="new time from now: 90s, 15m, 2d")
     move.add_argument("--wait", type=float, default=30.0, metavar="S", help=wait_help)
@@ -210,10 +229,7 @@ def _messages_from_file(path: str, cfg: EngineConfig) -> list[dict[str, Any]]:
     from engine.core.message import message_from_mapping, validate
 
     name = "standard input" if path == "-" else path
-    try:
-        handle = sys.stdin if path == "-" else open(path, encoding="utf-8")  # noqa: SIM115
-    except OSError as err:
-        raise DelayQError(f"cannot read --file {path}: {err.strerror}") from None
+    handle = _open_input("--file", path)
     items: list[dict[str, Any]] = []
     number = 0
     try:
@@ -240,6 +256,47 @@ def _messages_from_file(path: str, cfg: EngineConfig) -> list[dict[str, Any]]:
     if not items:
         raise DelayQError(f"{name} holds no message (one JSON object per line): nothing sent")
     return items
+
+
+def _open_input(option: str, path: str) -> TextIO:
+    """The file a command reads (``-``: standard input); when the command runs in the engine,
+    the file as the calling ``delayq`` sent it."""
+    from engine.control.endpoint import sent_file
+
+    if path == "-":
+        return sys.stdin
+    sent = sent_file(path)
+    if sent is not None:
+        return io.StringIO(sent)
+    try:
+        return open(path, encoding="utf-8")
+    except OSError as err:
+        raise DelayQError(f"cannot read {option} {path}: {err.strerror}") from None
+
+
+def _id_lines(path: str) -> list[tuple[int, str, str | None]]:
+    """``(line number, id, rest of the line or None)`` for each non-blank line of an ids file.
+
+    Raises:
+        DelayQError: the file cannot be read, is not UTF-8, or holds no id.
+    """
+    name = "standard input" if path == "-" else path
+    handle = _open_input("--file", path)
+    found: list[tuple[int, str, str | None]] = []
+    number = 0
+    try:
+        for number, line in enumerate(handle, start=1):
+            words = line.split(maxsplit=1)
+            if words:
+                found.append((number, words[0], words[1].strip() if len(words) > 1 else None))
+    except UnicodeDecodeError:
+        raise DelayQError(f"{name}:{number + 1}: not UTF-8 text") from None
+    finally:
+        if handle is not sys.stdin:
+            handle.close()
+    if not found:
+        raise DelayQError(f"{name} holds no message id (one per line): nothing done")
+    return found
 
 
 def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
@@ -311,6 +368,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
             f"({cfg.levels.source}), database {cfg.database}"
         )
+        control = _start_control(cfg)
 
         def send_demo() -> None:
             ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
@@ -320,12 +378,16 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 "and 2 timers"
             )
 
-        final = engine.run(
-            until_idle=args.until_idle,
-            max_seconds=args.max_seconds,
-            when_warm=send_demo if args.demo else None,
-            stop=signals.requested,
-        )
+        try:
+            final = engine.run(
+                until_idle=args.until_idle,
+                max_seconds=args.max_seconds,
+                when_warm=send_demo if args.demo else None,
+                stop=signals.requested,
+            )
+        finally:
+            if control is not None:
+                control.stop()
     if args.show:
         show_topics(spark, cfg, args.show)
     if final.quarantined:
@@ -333,6 +395,36 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
         print(f"\n{final.quarantined} messages are in quarantine: {where}")
     print(f"\nQuery the topics in SQL: SELECT * FROM {cfg.database}.<topic>  (see README)")
     return 0
+
+
+def _start_control(cfg: EngineConfig) -> Any:
+    """Start answering ``delayq`` commands (``control.enabled``); the server, or None.
+
+    Raises:
+        ConfigError: ``control.host``/``control.port`` cannot be listened on.
+    """
+    if not cfg.control_enabled:
+        return None
+    from engine.control.endpoint import ControlServer
+
+    try:
+        server = ControlServer(cfg, run_here).start()
+    except OSError as err:
+        raise ConfigError(
+            "control.port",
+            f"{cfg.control_host}:{cfg.control_port}",
+            f"cannot listen there ({err.strerror or err}): choose another control.port "
+            "(0: any free one) or set control.enabled=false",
+        ) from None
+    print(f"delayq: answering delayq commands at {server.url} (control.json in _engine/)")
+    # The first Spark reads of the tables take seconds (the engine's own rounds read them
+    # with Arrow): do them once now, so that the first command a user types is quick too.
+    warm = ["status", "--set", f"lakehouse.path={cfg.lakehouse_path}",
+            "--set", f"lakehouse.database={cfg.database}"]  # fmt: skip
+    threading.Thread(
+        target=run_here, args=(warm, None, {}), name="delayq-control-warm", daemon=True
+    ).start()
+    return server
 
 
 def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
@@ -439,6 +531,8 @@ def cmd_sql(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_pending(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq pending``: waiting messages, soonest first, with counts per topic."""
+    from pyspark.sql import functions as F
+
     from engine.control.inspect import pending
     from engine.lakehouse.session import build_spark
 
@@ -476,37 +570,88 @@ def cmd_history(args: argparse.Namespace, cfg: EngineConfig) -> int:
     return 0
 
 
-def _outcome(result: Any) -> int:
-    print(result.line())
-    for o in result.outcomes:
-        if o.msg_id and o.result in ("cancelled", "rescheduled"):
-            moved = f" -> {o.new_deliver_ts.isoformat()}" if o.new_deliver_ts else ""
-            due = o.deliver_ts.isoformat() if o.deliver_ts else "?"
-            print(f"  {o.result:<12}{o.msg_id}  {o.topic}  due {due}{moved}")
-    if result.status == "pending":
-        print("no engine answered yet: the command stays queued and applies when one runs")
-    return 0 if result.status in ("cancelled", "rescheduled") else 1
+def _report(results: Sequence[Any]) -> int:
+    """Print each command's outcome (named by message id when there are several); exit 0
+    when every one cancelled or rescheduled something, else 1."""
+    many = len(results) > 1
+    for msg_id, result in results:
+        print(f"{msg_id}: {result.line()}" if many else result.line())
+        for o in result.outcomes:
+            if o.msg_id and o.result in ("cancelled", "rescheduled"):
+                moved = f" -> {o.new_deliver_ts.isoformat()}" if o.new_deliver_ts else ""
+                due = o.deliver_ts.isoformat() if o.deliver_ts else "?"
+                print(f"  {o.result:<12}{o.msg_id}  {o.topic}  due {due}{moved}")
+    if any(result.status == "pending" for _, result in results):
+        what = "the commands stay" if many else "the command stays"
+        print(f"no engine answered yet: {what} queued and apply when one runs")
+    return 0 if all(r.status in ("cancelled", "rescheduled") for _, r in results) else 1
+
+
+def _progress(verb: str) -> Any:
+    """A progress line on a terminal (standard error) while a batch waits; None when piped."""
+    if not sys.stderr.isatty():
+        return None
+
+    def show(decided: int, total: int) -> None:
+        end = "\n" if decided == total else ""
+        print(f"\r{verb}: {decided}/{total} decided by the engine", end=end, file=sys.stderr)
+
+    return show
 
 
 def cmd_cancel(args: argparse.Namespace, cfg: EngineConfig) -> int:
-    """``delayq cancel``: exit 0 when something was cancelled, 1 otherwise."""
-    from engine.control.commands import cancel
+    """``delayq cancel``: exit 0 when every message asked for was cancelled, 1 otherwise."""
+    from engine.control.commands import cancel, cancel_many
     from engine.lakehouse.session import build_spark
 
+    if args.key is not None:
+        spark = build_spark(cfg)
+        return _report([(args.key, cancel(spark, cfg, key=args.key, topic=args.topic,
+                                          wait=args.wait))])  # fmt: skip
+    if args.topic is not None:
+        raise DelayQError("--topic goes with --key (a cancel by key), not with message ids")
+    ids = args.msg_ids
+    if args.file:
+        lines = _id_lines(args.file)
+        for number, _, rest in lines:
+            if rest is not None:
+                raise DelayQError(f"{args.file}:{number}: one message id per line, not {rest!r}")
+        ids = [msg_id for _, msg_id, _ in lines]
     spark = build_spark(cfg)
-    return _outcome(cancel(spark, cfg, args.msg_id, key=args.key, topic=args.topic, wait=args.wait))
+    results = cancel_many(spark, cfg, ids, wait=args.wait, progress=_progress("cancel"))
+    return _report(list(zip(ids, results, strict=True)))
+
+
+def _when(text: str) -> tuple[str | None, str | None]:
+    """A time from a moves file as (deliver_at, delay): digits or a date are a time."""
+    looks_like_time = text.isdigit() or "-" in text or ":" in text
+    return (text, None) if looks_like_time else (None, text)
 
 
 def cmd_reschedule(args: argparse.Namespace, cfg: EngineConfig) -> int:
-    """``delayq reschedule``: exit 0 when the message was moved, 1 otherwise."""
-    from engine.control.commands import reschedule
+    """``delayq reschedule``: exit 0 when every message was moved, 1 otherwise."""
+    from engine.control.commands import reschedule_many
     from engine.lakehouse.session import build_spark
 
+    default = (args.deliver_at, args.delay)
+    moves: list[tuple[str, str | None, str | None]] = []
+    if args.file:
+        for number, msg_id, rest in _id_lines(args.file):
+            deliver_at, delay = _when(rest) if rest is not None else default
+            if deliver_at is None and delay is None:
+                raise DelayQError(
+                    f"{args.file}:{number}: no new time for {msg_id}: put one after the id "
+                    "or give --deliver-at or --delay"
+                )
+            moves.append((msg_id, deliver_at, delay))
+    else:
+        if default == (None, None):
+            raise DelayQError("reschedule needs --deliver-at or --delay")
+        moves = [(msg_id, *default) for msg_id in args.msg_ids]
     spark = build_spark(cfg)
-    result = reschedule(
-        spark, cfg, args.msg_id, deliver_at=args.deliver_at, delay=args.delay, wait=args.wait
-    )
-    return _outcome(result)
+    results = reschedule_many(spark, cfg, moves, wait=args.wait,
+                              progress=_progress("reschedule"))  # fmt: skip
+    return _report([(move[0], r) for move, r in zip(moves, results, strict=True)])
 
 
 COMMANDS = {
@@ -525,13 +670,101 @@ COMMANDS = {
 }
 
 
+#: Said once when a command starts a Spark of its own.
+LOCAL_NOTE = (
+    "delayq: no engine is running on {lakehouse}: starting a Spark for this command alone "
+    "(20-30 s). A running engine (`delayq run`, `make engine`) answers in about a second."
+)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``delayq``; returns the process exit code."""
-    args = _parser().parse_args(argv)
+    raw = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(raw)
     log_file = setup_logging("delayq")
-    return run_main(
-        "delayq", lambda: COMMANDS[args.command](args, config_from_args(args)), log_file
-    )
+    return run_main("delayq", lambda: _dispatch(args, raw), log_file)
+
+
+def _dispatch(args: argparse.Namespace, raw: list[str]) -> int:
+    """Run the command in the engine on the lakehouse when one answers, else here."""
+    cfg = config_from_args(args)
+    if args.command != "run" and not args.local:
+        code = _in_engine(args, raw, cfg)
+        if code is not None:
+            return code
+        from pyspark.sql import SparkSession
+
+        if SparkSession.getActiveSession() is None:
+            print(LOCAL_NOTE.format(lakehouse=cfg.lakehouse_path), file=sys.stderr)
+    return COMMANDS[args.command](args, cfg)
+
+
+def _in_engine(args: argparse.Namespace, raw: list[str], cfg: EngineConfig) -> int | None:
+    """Have the running engine carry out the command; its exit code, or None when no engine
+    answers. Paths are made absolute (the engine runs elsewhere), files and standard input
+    travel with the command, and ``dlq purge`` asks for its confirmation here."""
+    import os
+
+    from engine.control.remote import call, running_engine
+
+    if running_engine(cfg) is None:
+        return None
+    argv = [*raw, "--set", f"lakehouse.path={cfg.lakehouse_path}"]
+    conf = args.conf or os.environ.get("DELAYQ_CONF")
+    if conf:
+        argv += ["--conf", os.path.abspath(os.path.expanduser(conf))]
+    stdin: str | None = None
+    files: dict[str, str] = {}
+    path = getattr(args, "file", None)
+    if path == "-":
+        stdin = sys.stdin.read()
+    elif path:
+        try:
+            with open(path, encoding="utf-8") as handle:
+                files[path] = handle.read()
+        except (OSError, UnicodeDecodeError):
+            pass  # the engine reports it as a local run would
+    asks = args.command == "dlq" and args.dlq_command == "purge" and not args.yes
+    if asks and sys.stdin.isatty():
+        what = "every dead letter" if args.everything else f"dead letter {args.msg_id}"
+        answer = input(f"Delete {what} of group {args.group}? Type the group name: ")
+        if answer.strip() != args.group:
+            print("not purged")
+            return 1
+        argv.append("--yes")
+    reply = call(cfg, argv, stdin, files)
+    if reply is None:
+        return None
+    sys.stdout.write(reply.stdout)
+    sys.stderr.write(reply.stderr)
+    return reply.code
+
+
+def run_here(argv: list[str], stdin: str | None, files: dict[str, str]) -> tuple[int, str, str]:
+    """Run ``delayq <argv>`` in this process, its output captured: how a running engine
+    carries out a command it is sent (:class:`~engine.control.endpoint.ControlServer`).
+
+    Example:
+        >>> run_here(["status", "--bogus"], None, {})[0]
+        2
+    """
+    from engine.control.endpoint import captured
+    from engine.run.report import log_dir
+
+    with captured(stdin, files) as (out, err):
+        try:
+            args = _parser().parse_args(argv)
+        except SystemExit as stop:  # argparse: a usage error or --help
+            code = stop.code if isinstance(stop.code, int) else 2
+            return code, out.getvalue(), err.getvalue()
+        if args.command == "run":
+            print("delayq: error: an engine is running on this lakehouse already", file=sys.stderr)
+            return 2, out.getvalue(), err.getvalue()
+        log_file = log_dir() / "delayq-engine-commands.log"
+        code = run_main(
+            "delayq", lambda: COMMANDS[args.command](args, config_from_args(args)), log_file
+        )
+        return code, out.getvalue(), err.getvalue()
 
 
 if __name__ == "__main__":

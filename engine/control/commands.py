@@ -18,8 +18,10 @@ import getpass
 import socket
 import time
 import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -95,32 +97,59 @@ def issue(
     clock: Clock | None = None,
 ) -> str:
     """Append one command to ``commands`` and return its id (no validation; see cancel)."""
+    spec = {"msg_id": msg_id, "key": key, "topic": topic, "deliver_at": deliver_at}
+    return issue_many(spark, cfg, action, [spec], clock=clock)[0]
+
+
+def issue_many(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    action: str,
+    targets: Sequence[Mapping[str, Any]],
+    *,
+    clock: Clock | None = None,
+) -> list[str]:
+    """Append one command per target (``msg_id``, ``key``, ``topic``, ``deliver_at``) to
+    ``commands`` in one commit; return their ids in the same order (no validation)."""
     lay = ensure_tables(spark, cfg, migrate=False)
-    command_id = uuid.uuid4().hex.upper()
-    row = {
-        "command_id": command_id,
-        "action": action,
-        "msg_id": msg_id,
-        "key": key,
-        "topic": topic,
-        "deliver_at": deliver_at,
-        "issued_ts": (clock or SystemClock()).now(),
-        "issued_by": f"{getpass.getuser()}@{socket.gethostname()}",
-    }
-    df = spark.createDataFrame([tuple(row[c] for c in column_names(COMMANDS))], COMMANDS)
-    append(df, lay.commands)
-    return command_id
+    issued_ts = (clock or SystemClock()).now()
+    issued_by = f"{getpass.getuser()}@{socket.gethostname()}"
+    ids, rows = [], []
+    for target in targets:
+        command_id = uuid.uuid4().hex.upper()
+        row = {
+            "command_id": command_id,
+            "action": action,
+            "msg_id": target.get("msg_id"),
+            "key": target.get("key"),
+            "topic": target.get("topic"),
+            "deliver_at": target.get("deliver_at"),
+            "issued_ts": issued_ts,
+            "issued_by": issued_by,
+        }
+        ids.append(command_id)
+        rows.append(tuple(row[c] for c in column_names(COMMANDS)))
+    append(spark.createDataFrame(rows, COMMANDS), lay.commands)
+    return ids
 
 
 def result_of(
     spark: SparkSession, cfg: EngineConfig, command_id: str, action: str
 ) -> CommandResult:
     """The outcome of a command so far (``pending`` while no engine has decided it)."""
+    return results_of(spark, cfg, [command_id], action)[0]
+
+
+def results_of(
+    spark: SparkSession, cfg: EngineConfig, command_ids: Sequence[str], action: str
+) -> list[CommandResult]:
+    """The outcomes of commands so far, in the order of ``command_ids`` (one read)."""
     rows = (
         spark.read.format("delta")
         .load(layout(cfg).command_results)
-        .where(F.col("command_id") == command_id)
+        .where(F.col("command_id").isin(list(command_ids)))
         .select(
+            "command_id",
             "result",
             "msg_id",
             "topic",
@@ -128,25 +157,31 @@ def result_of(
             F.unix_millis("deliver_ts").alias("deliver_ms"),
             F.unix_millis("new_deliver_ts").alias("new_ms"),
         )
-        .orderBy("msg_id")
+        .orderBy("command_id", "msg_id")
         .collect()
     )
-    outcomes = tuple(
-        Outcome(
-            r["result"],
-            r["msg_id"],
-            r["topic"],
-            _ts(r["deliver_ms"]),
-            _ts(r["new_ms"]),
-            r["detail"] or "",
+    found: dict[str, list[Outcome]] = {}
+    for r in rows:
+        found.setdefault(r["command_id"], []).append(
+            Outcome(
+                r["result"],
+                r["msg_id"],
+                r["topic"],
+                _ts(r["deliver_ms"]),
+                _ts(r["new_ms"]),
+                r["detail"] or "",
+            )
         )
-        for r in rows
-    )
-    if not outcomes:
-        return CommandResult(command_id, action, PENDING)
-    removing = [o.result for o in outcomes if o.result in REMOVING]
-    status = removing[0] if removing else outcomes[0].result
-    return CommandResult(command_id, action, status, outcomes)
+    results = []
+    for command_id in command_ids:
+        outcomes = tuple(found.get(command_id, ()))
+        if not outcomes:
+            results.append(CommandResult(command_id, action, PENDING))
+            continue
+        removing = [o.result for o in outcomes if o.result in REMOVING]
+        status = removing[0] if removing else outcomes[0].result
+        results.append(CommandResult(command_id, action, status, outcomes))
+    return results
 
 
 def wait_for(
@@ -158,12 +193,31 @@ def wait_for(
     poll_s: float = 0.5,
 ) -> CommandResult:
     """Poll ``command_results`` until the command is decided or ``wait_s`` has passed."""
+    return wait_for_many(spark, cfg, [command_id], action, wait_s, poll_s)[0]
+
+
+def wait_for_many(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    command_ids: Sequence[str],
+    action: str,
+    wait_s: float,
+    poll_s: float = 0.5,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[CommandResult]:
+    """Poll ``command_results`` until every command is decided or ``wait_s`` has passed.
+
+    ``progress(decided, total)`` is called after each look.
+    """
     _check_wait(wait_s)
     deadline = time.monotonic() + wait_s
     while True:
-        result = result_of(spark, cfg, command_id, action)
-        if result.status != PENDING or time.monotonic() >= deadline:
-            return result
+        results = results_of(spark, cfg, command_ids, action)
+        decided = sum(r.status != PENDING for r in results)
+        if progress is not None:
+            progress(decided, len(results))
+        if decided == len(results) or time.monotonic() >= deadline:
+            return results
         time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
 
 
@@ -238,6 +292,72 @@ def reschedule(
     when = deliver_time(deliver_at, delay, cfg, (clock or SystemClock()).now())
     command_id = issue(spark, cfg, RESCHEDULE, msg_id=msg_id, deliver_at=when, clock=clock)
     return wait_for(spark, cfg, command_id, RESCHEDULE, wait)
+
+
+def cancel_many(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    msg_ids: Sequence[str],
+    *,
+    wait: float = DEFAULT_WAIT_S,
+    clock: Clock | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[CommandResult]:
+    """Cancel many messages by id: one command each, issued in one commit, each decided
+    once by the engine as :func:`cancel` is; the results in the order of ``msg_ids``.
+
+    Raises:
+        InvalidMessageError: an id is empty (nothing is issued then).
+
+    Example:
+        >>> [r.status for r in cancel_many(spark, cfg, ["A1", "B2"])]  # doctest: +SKIP
+        ['cancelled', 'not_found']
+    """
+    for msg_id in msg_ids:
+        _target(msg_id, None)
+    _check_wait(wait)
+    ids = issue_many(spark, cfg, CANCEL, [{"msg_id": m} for m in msg_ids], clock=clock)
+    return wait_for_many(spark, cfg, ids, CANCEL, wait, progress=progress)
+
+
+def reschedule_many(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    moves: Sequence[tuple[str, datetime | int | str | None, timedelta | str | None]],
+    *,
+    wait: float = DEFAULT_WAIT_S,
+    clock: Clock | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[CommandResult]:
+    """Reschedule many messages: ``(msg_id, deliver_at, delay)`` each (one of the two
+    times), issued in one commit; the results in the same order.
+
+    Raises:
+        InvalidMessageError: a move is invalid; it names the message (nothing is issued).
+
+    Example:
+        >>> moves = [("A1", None, "2h"), ("B2", "2026-12-01T09:00:00Z", None)]
+        >>> [r.status for r in reschedule_many(spark, cfg, moves)]  # doctest: +SKIP
+        ['rescheduled', 'rescheduled']
+    """
+    _check_wait(wait)
+    now = (clock or SystemClock()).now()
+    targets = []
+    for msg_id, deliver_at, delay in moves:
+        _target(msg_id, None)
+        if (deliver_at is None) == (delay is None):
+            raise InvalidMessageError(
+                "deliver_at", deliver_at, f"give one of deliver_at and delay for {msg_id}"
+            )
+        try:
+            when = deliver_time(deliver_at, delay, cfg, now)
+        except InvalidMessageError as err:
+            if len(moves) == 1:
+                raise
+            raise InvalidMessageError(err.field, err.value, f"{err} (message {msg_id})") from None
+        targets.append({"msg_id": msg_id, "deliver_at": when})
+    ids = issue_many(spark, cfg, RESCHEDULE, targets, clock=clock)
+    return wait_for_many(spark, cfg, ids, RESCHEDULE, wait, progress=progress)
 
 
 def _target(msg_id: str | None, key: str | None) -> None:

@@ -52,6 +52,16 @@ def _positive_int(key: str, value: object) -> int:
     return number
 
 
+def _port(key: str, value: object) -> int:
+    try:
+        number = int(str(value))
+    except ValueError:
+        raise ConfigError(key, value, "expected a port number (0: any free port)") from None
+    if not 0 <= number <= 65535:
+        raise ConfigError(key, value, "must be between 0 (any free port) and 65535")
+    return number
+
+
 def _property_name_limit(key: str, value: object) -> int:
     # The engine's own property names (ORIGIN_MESSAGE_ID, KAFKA_PARTITION...) must fit.
     number = _positive_int(key, value)
@@ -246,6 +256,9 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "kafka.topic_map": ("kafka_topic_map", _topic_map),
     "kafka.starting_offsets": ("kafka_starting_offsets", _choice("earliest", "latest")),
     "kafka.max_offsets_per_trigger": ("kafka_max_offsets", _positive_int),
+    "control.enabled": ("control_enabled", _bool),
+    "control.host": ("control_host", _text),
+    "control.port": ("control_port", _port),
 }
 
 
@@ -297,6 +310,10 @@ class EngineConfig:
         kafka_max_offsets: most records per ingest micro-batch.
         kafka_sinks: where delivery writes a topic (``delta``, ``kafka`` or ``both``), by
             topic table name; topics not listed go to Delta.
+        control_enabled: a running engine answers ``delayq`` commands (see
+            :mod:`engine.control.endpoint`).
+        control_host: the address that endpoint listens on (loopback by default).
+        control_port: its port (0: any free port, written where commands find it).
     """
 
     lakehouse: str = "lakehouse"
@@ -331,6 +348,9 @@ class EngineConfig:
     kafka_starting_offsets: str = "earliest"
     kafka_max_offsets: int = 100_000
     kafka_sinks: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    control_enabled: bool = True
+    control_host: str = "127.0.0.1"
+    control_port: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lakehouse", _local_path("lakehouse.path", self.lakehouse))

@@ -28,7 +28,11 @@ def cli(capsys: pytest.CaptureFixture[str], cfg: EngineConfig, *args: str) -> tu
         "levels.delays": "1s 2s 3s",
     }
     overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
-    code = main([command, *overrides, *rest])
+    # a dlq action takes the overrides after its name (delayq dlq list --set ...)
+    words = [command, rest[0], *overrides, *rest[1:]] if command == "dlq" else [
+        command, *overrides, *rest
+    ]  # fmt: skip
+    code = main(words)
     out = capsys.readouterr()
     return code, out.out, out.err
 
