@@ -80,6 +80,11 @@ if TYPE_CHECKING:
     from engine.run.engine import Engine
 
 
+def __dir__() -> list[str]:
+    """The public names too, before their first use."""
+    return sorted(set(globals()) | set(__all__))
+
+
 def __getattr__(name: str) -> Any:
     """Import a public name from its module on first use (PEP 562)."""
     if name in _WHERE:

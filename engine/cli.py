@@ -32,6 +32,7 @@ Spark of their own); ``--local`` runs one here anyway.
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import json
 import sys
@@ -39,7 +40,7 @@ import threading
 from collections.abc import Sequence
 from typing import Any, TextIO
 
-from engine.core.config import EngineConfig, load_config, parse_override
+from engine.core.config import DEFAULT_CONF, EngineConfig, load_config, parse_override
 from engine.core.errors import ConfigError, DelayQError, InvalidMessageError
 from engine.run.report import run_main, setup_logging
 
@@ -261,13 +262,15 @@ def _messages_from_file(path: str, cfg: EngineConfig) -> list[dict[str, Any]]:
 def _open_input(option: str, path: str) -> TextIO:
     """The file a command reads (``-``: standard input); when the command runs in the engine,
     the file as the calling ``delayq`` sent it."""
-    from engine.control.endpoint import sent_file
+    from engine.control.endpoint import sent_files
 
     if path == "-":
         return sys.stdin
-    sent = sent_file(path)
-    if sent is not None:
-        return io.StringIO(sent)
+    sent = sent_files()
+    if sent is not None:  # carried out by the engine: only what the caller sent, never its files
+        if path not in sent:
+            raise DelayQError(f"cannot read {option} {path}: the command did not bring it along")
+        return io.StringIO(sent[path])
     try:
         return open(path, encoding="utf-8")
     except OSError as err:
@@ -278,7 +281,7 @@ def _id_lines(path: str) -> list[tuple[int, str, str | None]]:
     """``(line number, id, rest of the line or None)`` for each non-blank line of an ids file.
 
     Raises:
-        DelayQError: the file cannot be read, is not UTF-8, or holds no id.
+        DelayQError: the file cannot be read, is not UTF-8, holds no id, or names an id twice.
     """
     name = "standard input" if path == "-" else path
     handle = _open_input("--file", path)
@@ -296,6 +299,13 @@ def _id_lines(path: str) -> list[tuple[int, str, str | None]]:
             handle.close()
     if not found:
         raise DelayQError(f"{name} holds no message id (one per line): nothing done")
+    first: dict[str, int] = {}
+    for number, msg_id, _ in found:
+        if msg_id in first:
+            raise DelayQError(
+                f"{name}:{number}: {msg_id} is on line {first[msg_id]} already: nothing done"
+            )
+        first[msg_id] = number
     return found
 
 
@@ -368,7 +378,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
             f"({cfg.levels.source}), database {cfg.database}"
         )
-        control = _start_control(cfg)
+        control = _start_control(cfg, spark)
 
         def send_demo() -> None:
             ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
@@ -397,7 +407,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
     return 0
 
 
-def _start_control(cfg: EngineConfig) -> Any:
+def _start_control(cfg: EngineConfig, spark: Any) -> Any:
     """Start answering ``delayq`` commands (``control.enabled``); the server, or None.
 
     Raises:
@@ -408,7 +418,7 @@ def _start_control(cfg: EngineConfig) -> Any:
     from engine.control.endpoint import ControlServer
 
     try:
-        server = ControlServer(cfg, run_here).start()
+        server = ControlServer(cfg, functools.partial(run_here, spark=spark)).start()
     except OSError as err:
         raise ConfigError(
             "control.port",
@@ -422,7 +432,7 @@ def _start_control(cfg: EngineConfig) -> Any:
     warm = ["status", "--set", f"lakehouse.path={cfg.lakehouse_path}",
             "--set", f"lakehouse.database={cfg.database}"]  # fmt: skip
     threading.Thread(
-        target=run_here, args=(warm, None, {}), name="delayq-control-warm", daemon=True
+        target=server.run, args=(warm, None, {}, None), name="delayq-control-warm", daemon=True
     ).start()
     return server
 
@@ -622,8 +632,18 @@ def cmd_cancel(args: argparse.Namespace, cfg: EngineConfig) -> int:
     return _report(list(zip(ids, results, strict=True)))
 
 
-def _when(text: str) -> tuple[str | None, str | None]:
-    """A time from a moves file as (deliver_at, delay): digits or a date are a time."""
+#: A bare number in a moves file below this is a delay without its unit, not a time in ms.
+_EARLIEST_MS = 10**11  # 1973
+
+
+def _when(text: str, where: str) -> tuple[str | None, str | None]:
+    """A time from a moves file as (deliver_at, delay): digits (ms) or a date are a time.
+
+    Raises:
+        DelayQError: a bare number too small to be ms since the epoch (``90`` for ``90s``).
+    """
+    if text.isdigit() and int(text) < _EARLIEST_MS:
+        raise DelayQError(f"{where}: {text} has no unit: write e.g. {text}s, or ms since the epoch")
     looks_like_time = text.isdigit() or "-" in text or ":" in text
     return (text, None) if looks_like_time else (None, text)
 
@@ -637,10 +657,11 @@ def cmd_reschedule(args: argparse.Namespace, cfg: EngineConfig) -> int:
     moves: list[tuple[str, str | None, str | None]] = []
     if args.file:
         for number, msg_id, rest in _id_lines(args.file):
-            deliver_at, delay = _when(rest) if rest is not None else default
+            where = f"{args.file}:{number}"
+            deliver_at, delay = _when(rest, where) if rest is not None else default
             if deliver_at is None and delay is None:
                 raise DelayQError(
-                    f"{args.file}:{number}: no new time for {msg_id}: put one after the id "
+                    f"{where}: no new time for {msg_id}: put one after the id "
                     "or give --deliver-at or --delay"
                 )
             moves.append((msg_id, deliver_at, delay))
@@ -709,21 +730,24 @@ def _in_engine(args: argparse.Namespace, raw: list[str], cfg: EngineConfig) -> i
 
     if running_engine(cfg) is None:
         return None
-    argv = [*raw, "--set", f"lakehouse.path={cfg.lakehouse_path}"]
-    conf = args.conf or os.environ.get("DELAYQ_CONF")
-    if conf:
-        argv += ["--conf", os.path.abspath(os.path.expanduser(conf))]
+    # The engine runs elsewhere: the same config file and lakehouse, as absolute paths.
+    conf = args.conf or os.environ.get("DELAYQ_CONF") or str(DEFAULT_CONF)
+    argv = [*raw, "--set", f"lakehouse.path={cfg.lakehouse_path}",
+            "--conf", os.path.abspath(os.path.expanduser(conf))]  # fmt: skip
     stdin: str | None = None
     files: dict[str, str] = {}
     path = getattr(args, "file", None)
     if path == "-":
         stdin = sys.stdin.read()
+        sys.stdin = io.StringIO(stdin)  # still there for a local run
     elif path:
         try:
             with open(path, encoding="utf-8") as handle:
                 files[path] = handle.read()
-        except (OSError, UnicodeDecodeError):
-            pass  # the engine reports it as a local run would
+        except OSError as err:
+            raise DelayQError(f"cannot read --file {path}: {err.strerror}") from None
+        except UnicodeDecodeError:
+            return None  # a local run says which line
     asks = args.command == "dlq" and args.dlq_command == "purge" and not args.yes
     if asks and sys.stdin.isatty():
         what = "every dead letter" if args.everything else f"dead letter {args.msg_id}"
@@ -732,6 +756,7 @@ def _in_engine(args: argparse.Namespace, raw: list[str], cfg: EngineConfig) -> i
             print("not purged")
             return 1
         argv.append("--yes")
+        args.yes = True  # asked once, also for a local run
     reply = call(cfg, argv, stdin, files)
     if reply is None:
         return None
@@ -740,18 +765,35 @@ def _in_engine(args: argparse.Namespace, raw: list[str], cfg: EngineConfig) -> i
     return reply.code
 
 
-def run_here(argv: list[str], stdin: str | None, files: dict[str, str]) -> tuple[int, str, str]:
+def run_here(
+    argv: list[str],
+    stdin: str | None,
+    files: dict[str, str],
+    who: str | None = None,
+    *,
+    spark: Any = None,
+) -> tuple[int, str, str]:
     """Run ``delayq <argv>`` in this process, its output captured: how a running engine
     carries out a command it is sent (:class:`~engine.control.endpoint.ControlServer`).
+
+    Args:
+        argv: the command and its arguments.
+        stdin: its standard input.
+        files: the files it reads, by the name on its command line (no other is opened).
+        who: the caller's ``user@host`` (recorded as ``issued_by`` of its commands).
+        spark: the engine's session; the command gets a session of its own from it.
 
     Example:
         >>> run_here(["status", "--bogus"], None, {})[0]
         2
     """
     from engine.control.endpoint import captured
-    from engine.run.report import log_dir
+    from engine.lakehouse.session import separate_session
 
-    with captured(stdin, files) as (out, err):
+    if spark is not None:
+        with separate_session(spark):
+            return run_here(argv, stdin, files, who)
+    with captured(stdin, files, who) as (out, err):
         try:
             args = _parser().parse_args(argv)
         except SystemExit as stop:  # argparse: a usage error or --help
@@ -760,6 +802,8 @@ def run_here(argv: list[str], stdin: str | None, files: dict[str, str]) -> tuple
         if args.command == "run":
             print("delayq: error: an engine is running on this lakehouse already", file=sys.stderr)
             return 2, out.getvalue(), err.getvalue()
+        from engine.run.report import log_dir
+
         log_file = log_dir() / "delayq-engine-commands.log"
         code = run_main(
             "delayq", lambda: COMMANDS[args.command](args, config_from_args(args)), log_file

@@ -26,6 +26,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from engine.control.endpoint import caller
 from engine.core.clock import Clock, SystemClock, from_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError
@@ -113,7 +114,7 @@ def issue_many(
     ``commands`` in one commit; return their ids in the same order (no validation)."""
     lay = ensure_tables(spark, cfg, migrate=False)
     issued_ts = (clock or SystemClock()).now()
-    issued_by = f"{getpass.getuser()}@{socket.gethostname()}"
+    issued_by = caller() or f"{getpass.getuser()}@{socket.gethostname()}"
     ids, rows = [], []
     for target in targets:
         command_id = uuid.uuid4().hex.upper()

@@ -14,7 +14,7 @@ can run commands (as whoever can write the lakehouse's tables can anyway). Bindi
 address exposes it to that network: put it behind something that encrypts (plain HTTP).
 
 Example:
-    >>> server = ControlServer(cfg, run=lambda argv, stdin, files: (0, "ok\\n", ""))
+    >>> server = ControlServer(cfg, run=lambda argv, stdin, files, who: (0, "ok\\n", ""))
     ... # doctest: +SKIP
     >>> server.start().url  # doctest: +SKIP
     'http://127.0.0.1:40123'
@@ -46,12 +46,15 @@ log = logging.getLogger(__name__)
 #: Where a running engine says how to reach it, under the lakehouse.
 ENDPOINT_FILE = Path("_engine") / "control.json"
 #: Largest request accepted (``send --file`` carries the file).
-MAX_REQUEST_BYTES = 256 * 1024 * 1024
+MAX_REQUEST_BYTES = 64 * 1024 * 1024
+#: Commands carried out at the same time; more wait their turn (the engine's rounds come
+#: first: each command thread shares the driver with them).
+MAX_COMMANDS = 4
 RUN_PATH = "/v1/run"
 
-#: Runs one command: (arguments after ``delayq``, standard input, files it reads by name)
-#: -> (exit code, standard output, standard error).
-Runner = Callable[[list[str], str | None, dict[str, str]], tuple[int, str, str]]
+#: Runs one command: (arguments after ``delayq``, standard input, files it reads by name,
+#: the caller's ``user@host``) -> (exit code, standard output, standard error).
+Runner = Callable[[list[str], str | None, dict[str, str], str | None], tuple[int, str, str]]
 
 
 @dataclass(frozen=True)
@@ -128,20 +131,26 @@ def _install() -> None:
                 setattr(sys, name, _Routed(name, stream))
 
 
-def sent_file(path: str) -> str | None:
-    """The text of file ``path`` as the calling ``delayq`` sent it with its command (None
-    outside a command run here, or when it sent no such file)."""
+def sent_files() -> dict[str, str] | None:
+    """The files the calling ``delayq`` sent with the command this thread carries out, by
+    the name given on its command line (None: this thread is not carrying out a command)."""
     files: dict[str, str] | None = getattr(_THREAD, "files", None)
-    return None if files is None else files.get(path)
+    return files
+
+
+def caller() -> str | None:
+    """``user@host`` of the ``delayq`` whose command this thread carries out (None: none)."""
+    who: str | None = getattr(_THREAD, "caller", None)
+    return who
 
 
 @contextmanager
 def captured(
-    stdin: str | None = None, files: dict[str, str] | None = None
+    stdin: str | None = None, files: dict[str, str] | None = None, who: str | None = None
 ) -> Iterator[tuple[io.StringIO, io.StringIO]]:
     """Within the block, this thread's ``print``s (and ``DataFrame.show``) go to the two
-    buffers yielded, it reads ``stdin`` as standard input and ``files`` through
-    :func:`sent_file`; other threads are untouched.
+    buffers yielded, it reads ``stdin`` as standard input, ``files`` through
+    :func:`sent_files` and ``who`` through :func:`caller`; other threads are untouched.
 
     Example:
         >>> with captured() as (out, err):
@@ -152,11 +161,12 @@ def captured(
     _install()
     out, err = io.StringIO(), io.StringIO()
     _THREAD.stdout, _THREAD.stderr, _THREAD.stdin = out, err, io.StringIO(stdin or "")
-    _THREAD.files = dict(files or {})
+    _THREAD.files, _THREAD.caller = dict(files or {}), who
     try:
         yield out, err
     finally:
-        _THREAD.stdout = _THREAD.stderr = _THREAD.stdin = _THREAD.files = None
+        _THREAD.stdout = _THREAD.stderr = _THREAD.stdin = None
+        _THREAD.files = _THREAD.caller = None
 
 
 # ------------------------------------------------------------------ the server
@@ -175,6 +185,7 @@ class ControlServer:
         self.run = run
         self.token = secrets.token_urlsafe(32)
         self._server: ThreadingHTTPServer | None = None
+        self._turns = threading.BoundedSemaphore(MAX_COMMANDS)
         self._thread: threading.Thread | None = None
         self.info: EndpointInfo | None = None
 
@@ -189,6 +200,7 @@ class ControlServer:
         """Listen, then write ``control.json`` (a command can only find a listening engine)."""
         server = ThreadingHTTPServer((self.cfg.control_host, self.cfg.control_port), _handler(self))
         server.daemon_threads = True
+        server.block_on_close = False  # a stop does not wait for commands still running
         self._server = server
         host, port = str(server.server_address[0]), int(server.server_address[1])
         shown = host if ":" not in host else f"[{host}]"
@@ -228,14 +240,23 @@ class ControlServer:
             isinstance(k, str) and isinstance(v, str) for k, v in files.items()
         ):
             files = {}
-        return self.run(argv, stdin if isinstance(stdin, str) else None, files)
+        who = request.get("caller")
+        with self._turns:
+            return self.run(
+                argv,
+                stdin if isinstance(stdin, str) else None,
+                files,
+                who if isinstance(who, str) else None,
+            )
 
 
 def _write_private(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` readable by its owner only, replacing it in one step."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    temporary.unlink(missing_ok=True)  # never write through a file someone else made
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+    descriptor = os.open(temporary, flags, 0o600)
     with os.fdopen(descriptor, "w", encoding="utf-8") as handle:
         handle.write(text)
     os.replace(temporary, path)
@@ -271,7 +292,12 @@ def _handler(owner: ControlServer) -> type[BaseHTTPRequestHandler]:
             except ValueError:
                 self._reply(400, {"error": "the request is not JSON"})
                 return
-            code, out, err = owner.answer(request if isinstance(request, dict) else {})
+            try:
+                code, out, err = owner.answer(request if isinstance(request, dict) else {})
+            except Exception as failure:  # the runner reports its own; this is a last guard
+                log.exception("control: a command failed")
+                self._reply(500, {"error": f"{type(failure).__name__}: {failure}"})
+                return
             self._reply(200, {"code": code, "stdout": out, "stderr": err})
 
     return Handler
@@ -282,8 +308,9 @@ __all__ = [
     "ControlServer",
     "EndpointInfo",
     "Runner",
+    "caller",
     "captured",
     "endpoint_file",
     "read_endpoint",
-    "sent_file",
+    "sent_files",
 ]

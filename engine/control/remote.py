@@ -2,9 +2,9 @@
 
 The engine's endpoint (:mod:`engine.control.endpoint`) is found through
 ``<lakehouse>/_engine/control.json``. A file whose engine is gone (its process has ended, or
-nothing listens at its address) is ignored, and the command runs in its own local Spark as
-before. Once connected, a failure is an error, never a second run: the command may have
-been carried out already.
+nothing listens at its address, or what listens there does not know its token) is ignored,
+and the command runs in its own local Spark as before. Once connected, a failure is an
+error, never a second run: the command may have been carried out already.
 
 Example:
     >>> reply = call(cfg, ["status"])  # doctest: +SKIP
@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import getpass
 import http.client
 import json
 import os
@@ -94,7 +95,9 @@ def call(
     try:
         assert connection.sock is not None
         connection.sock.settimeout(None)  # a command may wait (cancel --wait)
-        body = json.dumps({"argv": argv, "stdin": stdin, "files": files or {}}).encode()
+        who = f"{getpass.getuser()}@{socket.gethostname()}"
+        request = {"argv": argv, "stdin": stdin, "files": files or {}, "caller": who}
+        body = json.dumps(request).encode()
         connection.request(
             "POST",
             RUN_PATH,
@@ -110,6 +113,8 @@ def call(
         ) from None
     finally:
         connection.close()
+    if response.status == 401:
+        return None  # another engine's endpoint now has that port: this one is gone
     if response.status != 200:
         raise DelayQError(f"{where} refused the command: {data.get('error', response.reason)}")
     return Reply(int(data["code"]), str(data["stdout"]), str(data["stderr"]))

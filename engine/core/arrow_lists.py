@@ -41,10 +41,12 @@ def grouped(n: int, rows: np.ndarray) -> tuple[pa.Array, pa.Array]:
 
 
 def entry_rows(lists: pa.Array) -> np.ndarray:
-    """The row of each entry of a list (or map) column, as :func:`grouped` takes them.
+    """The row of each entry of a list column, in the order ``pc.list_flatten`` gives the
+    entries (a null list has none, whatever its offsets span), as :func:`grouped` takes them.
 
     Example:
         >>> entry_rows(pa.array([["a", "b"], None, ["c"]])).tolist()
         [0, 0, 2]
     """
-    return np.asarray(pc.list_parent_indices(lists), dtype=np.int64)
+    counts = np.asarray(pc.fill_null(pc.list_value_length(lists), 0), dtype=np.int64)
+    return np.repeat(np.arange(len(lists), dtype=np.int64), counts)

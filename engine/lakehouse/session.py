@@ -11,6 +11,9 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from pyspark import SparkConf
@@ -70,6 +73,39 @@ def _java_home_ok() -> bool:
     return home is not None and (Path(home) / "bin" / "java").exists()
 
 
+_THREAD = threading.local()
+
+
+@contextmanager
+def separate_session(spark: SparkSession) -> Iterator[SparkSession]:
+    """Within the block, :func:`build_spark` on this thread returns a new session of
+    ``spark``'s (its own SQL settings, current database and temporary views; the same Spark,
+    catalog and cache) and changes neither ``spark`` nor the log level: a command that a
+    running engine carries out cannot change the engine's session.
+
+    Example:
+        >>> with separate_session(engine_spark):  # doctest: +SKIP
+        ...     build_spark(cfg).sql("SET spark.sql.shuffle.partitions=64")
+    """
+    _THREAD.session = spark.newSession()
+    try:
+        yield _THREAD.session
+    finally:
+        _THREAD.session = None
+
+
+def _separate(cfg: EngineConfig, extra_conf: dict[str, str] | None) -> SparkSession | None:
+    session: SparkSession | None = getattr(_THREAD, "session", None)
+    if session is None:
+        return None
+    for key, value in {**cfg.spark_conf, **(extra_conf or {})}.items():
+        if session.conf.isModifiable(key):
+            session.conf.set(key, value)
+    if cfg.register_tables:
+        register_all(session, cfg)
+    return session
+
+
 def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> SparkSession:
     """Return a Delta-enabled session, creating it if needed.
 
@@ -81,6 +117,9 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
     Raises:
         SetupError: when Java or the jars are missing, or Delta cannot be loaded.
     """
+    separate = _separate(cfg, extra_conf)
+    if separate is not None:
+        return separate
     require_java()
     active = SparkSession.getActiveSession()
     builder = SparkSession.builder.appName(cfg.app_name)

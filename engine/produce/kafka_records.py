@@ -362,9 +362,14 @@ def parse_records(records: pa.Table, cfg: EngineConfig, now: datetime) -> pa.Tab
         >>> row["deliver_at"][0].as_py().isoformat()
         '2026-01-01T00:00:03+00:00'
     """
-    records = records.select(KAFKA_RECORD.names).cast(KAFKA_RECORD).combine_chunks()
+    records = records.select(KAFKA_RECORD.names).cast(KAFKA_RECORD)
+    batches = records.to_batches()
+    if len(batches) > 1:  # batch by batch: one column of a whole micro-batch may pass 2 GiB
+        return pa.concat_tables(
+            parse_records(pa.Table.from_batches([batch]), cfg, now) for batch in batches
+        )
     n = records.num_rows
-    column = {name: records[name].chunk(0) if n else pa.array([], records[name].type)
+    column = {name: batches[0].column(name) if batches else pa.array([], records[name].type)
               for name in KAFKA_RECORD.names}  # fmt: skip
     headers = _Headers(column["headers"])
     texts = {h: headers.last(h) for h in SPECIAL_HEADERS}

@@ -107,6 +107,9 @@ def test_commands_print_the_same_through_the_engine_as_run_here(
     code, out, err = cli(capsys, cfg, "send", "--topic", "audit", "--body", "x", "--id", "fixed")
     assert (code, out, err) == (0, "fixed\n", ""), "sent through the engine, no note"
     assert len(via_engine) == 1
+    audit = layout(cfg).topic("audit")
+    wait_for(lambda: Path(audit).exists() and spark.read.format("delta").load(audit).count() == 1,
+             120, "the message sent through the engine delivered")  # fmt: skip
     commands = [
         ["status"],
         ["topics"],
@@ -127,6 +130,15 @@ def test_commands_print_the_same_through_the_engine_as_run_here(
         assert fast == local, f"delayq {' '.join(command)}"
     assert "k-late" in both(capsys, cfg, "pending", "--key", "k-late")[0][1]
     assert len(via_engine) == 1 + len(commands) - 1 + 1, "all but the mistake went to the engine"
+
+    # A command gets a session of its own: a SET does not stay in the engine's session.
+    setting = "spark.sql.shuffle.partitions"
+    assert cli(capsys, cfg, "sql", f"SET {setting}=77")[0] == 0
+    assert "|77 " not in cli(capsys, cfg, "sql", f"SET {setting}")[1]
+    # A file the caller cannot read is reported by the caller, as a local run would.
+    code, _, err = cli(capsys, cfg, "cancel", "--file", "no-such-ids.txt")
+    assert (code, err) == (2, "delayq: error: cannot read --file no-such-ids.txt: No such file "
+                              "or directory\n")  # fmt: skip
 
 
 def test_cancel_and_reschedule_many_ids_in_one_call(

@@ -19,8 +19,11 @@ from engine.core.errors import ConfigError
 
 @pytest.fixture
 def server(tmp_path: Path) -> Iterator[ControlServer]:
-    def run(argv: list[str], stdin: str | None, files: dict[str, str]) -> tuple[int, str, str]:
-        return (3, f"ran {' '.join(argv)} in={stdin} files={sorted(files)}\n", "a warning\n")
+    def run(
+        argv: list[str], stdin: str | None, files: dict[str, str], who: str | None
+    ) -> tuple[int, str, str]:
+        shown = f"ran {' '.join(argv)} in={stdin} files={sorted(files)} by={who is not None}"
+        return (3, shown + "\n", "a warning\n")
 
     started = ControlServer(EngineConfig(lakehouse=str(tmp_path)), run).start()
     yield started
@@ -35,7 +38,7 @@ def test_a_command_runs_in_the_engine_and_comes_back_with_its_output(
     reply = call(cfg, ["status", "--x"], "lines", {"ids.txt": "A\n"})
     assert reply is not None
     assert (reply.code, reply.stdout, reply.stderr) == (
-        3, "ran status --x in=lines files=['ids.txt']\n", "a warning\n"
+        3, "ran status --x in=lines files=['ids.txt'] by=True\n", "a warning\n"
     )  # fmt: skip
 
 
@@ -50,7 +53,7 @@ def test_requests_without_the_token_are_refused(server: ControlServer) -> None:
 
 def test_a_stopped_or_dead_engine_is_not_called(tmp_path: Path) -> None:
     cfg = EngineConfig(lakehouse=str(tmp_path))
-    server = ControlServer(cfg, lambda argv, stdin, files: (0, "", "")).start()
+    server = ControlServer(cfg, lambda argv, stdin, files, who: (0, "", "")).start()
     info = read_endpoint(cfg)
     server.stop()
     assert not endpoint_file(cfg).exists() and call(cfg, ["status"]) is None

@@ -5,6 +5,8 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from typing import Any
 
+import pyarrow as pa
+
 from engine.core.clock import to_millis
 from engine.core.config import EngineConfig
 from engine.produce.kafka_records import kafka_records, parse_records
@@ -92,3 +94,44 @@ def test_made_ids_depend_on_topic_partition_offset_and_time_only() -> None:
 
 def test_an_empty_batch_gives_no_rows() -> None:
     assert parse_records(kafka_records([]), EngineConfig(), NOW).num_rows == 0
+
+
+def test_batches_and_null_header_lists_give_each_record_its_own_headers() -> None:
+    one = kafka_records(
+        [{"value": f"v{i}".encode(), "topic": "in", "offset": i, "timestamp": BORN_MS,
+          "headers": [("REAL_TOPIC", f"t{i}".encode()), ("n", str(i).encode())]}
+         for i in range(6)]
+    )  # fmt: skip
+    whole = parse_records(one, EngineConfig(), NOW)
+    in_batches = parse_records(pa.Table.from_batches(one.to_batches(max_chunksize=4)),
+                               EngineConfig(), NOW)  # fmt: skip
+    assert in_batches.to_pylist() == whole.to_pylist()
+    assert whole["topic"].to_pylist() == [f"t{i}" for i in range(6)]
+    # A null list whose offsets still span entries (Arrow allows it): they are not its own.
+    headers = one["headers"].chunk(0)
+    nulled = pa.ListArray.from_arrays(
+        headers.offsets, headers.values, mask=pa.array([True] + [False] * 5)
+    )
+    rows = parse_records(one.set_column(6, "headers", nulled), EngineConfig(), NOW)
+    assert rows["reason"][0].as_py().startswith("no REAL_TOPIC header")
+    assert rows["topic"].to_pylist()[1:] == [f"t{i}" for i in range(1, 6)]
+
+
+def test_kafka_out_records_carry_id_time_tags_and_properties() -> None:
+    from engine.deliver.kafka_sink import kafka_records as out_records
+
+    maps = pa.array([[("a", "1")], [("b", None)], [("c", "3")]], pa.map_(pa.string(), pa.string()))
+    nulled = pa.MapArray.from_arrays(maps.offsets, maps.keys, maps.items,
+                                     mask=pa.array([False, True, False]))  # fmt: skip
+    rows = pa.table({
+        "msg_id": ["A", "B", "C"], "keys": [["k1", "k2"], [], None], "tags": ["t", None, None],
+        "properties": nulled, "body": [b"1", b"2", None], "deliver_ts": [NOW, NOW, NOW],
+    })  # fmt: skip
+    records = out_records(rows, "orders").to_pylist()
+    assert [r["key"] for r in records] == [b"k1", None, None]
+    assert [[h["key"] for h in r["headers"]] for r in records] == [
+        ["DELAYQ_MSG_ID", "DELAYQ_DELIVER_TS", "TAGS", "a"],
+        ["DELAYQ_MSG_ID", "DELAYQ_DELIVER_TS"],  # a null map: no property of another row's
+        ["DELAYQ_MSG_ID", "DELAYQ_DELIVER_TS", "c"],
+    ]
+    assert records[0]["headers"][1]["value"] == str(to_millis(NOW)).encode()
