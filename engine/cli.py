@@ -428,12 +428,17 @@ def _start_control(cfg: EngineConfig, spark: Any) -> Any:
         ) from None
     print(f"delayq: answering delayq commands at {server.url} (control.json in _engine/)")
     # The first Spark reads of the tables take seconds (the engine's own rounds read them
-    # with Arrow): do them once now, so that the first command a user types is quick too.
-    warm = ["status", "--set", f"lakehouse.path={cfg.lakehouse_path}",
-            "--set", f"lakehouse.database={cfg.database}"]  # fmt: skip
-    threading.Thread(
-        target=server.run, args=(warm, None, {}, None), name="delayq-control-warm", daemon=True
-    ).start()
+    # with Arrow): run the reading commands once now, so the first a user types is quick too.
+    where = ["--set", f"lakehouse.path={cfg.lakehouse_path}",
+             "--set", f"lakehouse.database={cfg.database}"]  # fmt: skip
+    reading = (["status"], ["pending", "--limit", "1"], ["forecast", "--minutes", "1"],
+               ["history", "--id", "-"], ["topics"], ["lag"])  # fmt: skip
+
+    def warm() -> None:
+        for command in reading:
+            server.run([*command, *where], None, {}, None)
+
+    threading.Thread(target=warm, name="delayq-control-warm", daemon=True).start()
     return server
 
 
@@ -552,10 +557,14 @@ def cmd_pending(args: argparse.Namespace, cfg: EngineConfig) -> int:
         rows = rows.where(F.lower(F.col("topic")) == args.topic.lower())
     if args.key:
         rows = rows.where(F.array_contains(F.col("keys"), args.key))
-    rows.groupBy("topic").count().orderBy("topic").show(truncate=False)
-    rows.selectExpr(
-        "msg_id", "topic", "array_join(keys, ' ') AS keys", "queue_id", "deliver_ts"
-    ).orderBy("deliver_ts").show(args.limit, truncate=False)
+    rows = rows.cache()  # two answers from one read
+    try:
+        rows.groupBy("topic").count().orderBy("topic").show(truncate=False)
+        rows.selectExpr(
+            "msg_id", "topic", "array_join(keys, ' ') AS keys", "queue_id", "deliver_ts"
+        ).orderBy("deliver_ts").show(args.limit, truncate=False)
+    finally:
+        rows.unpersist()
     return 0
 
 
