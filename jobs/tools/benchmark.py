@@ -93,6 +93,8 @@ class BenchPlan:
     drain_seconds: int = 90
     wakeups: int = 20
     kafka_messages: int = 500_000
+    #: ``delayq`` command timings: runs through a running engine, runs with ``--local``.
+    cli_runs: tuple[int, int] = (10, 1)
     aging: tuple[int, int] = (4, 45)  # segments x seconds, at fanout_rate on one engine
 
 
@@ -109,6 +111,7 @@ FULL = BenchPlan(
     (1, 10, 100),
     1_000,
     kafka_messages=2_000_000,
+    cli_runs=(10, 10),
     aging=(5, 120),
 )
 #: A minute-long run of every workload on tiny numbers: checks the benchmark itself.
@@ -124,6 +127,7 @@ SMOKE = BenchPlan(
     drain_seconds=60,
     wakeups=3,
     kafka_messages=2_000,
+    cli_runs=(2, 1),
     aging=(2, 5),
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
@@ -921,6 +925,106 @@ class Bench:
         )
         return result
 
+    def cli(self) -> dict[str, Any]:
+        """``delayq`` commands carried out by a running engine, against each command starting
+        a Spark of its own (``--local``), run in turn as a user's shell runs them.
+
+        An engine (``delayq run``) runs on a lakehouse holding 5 delivered messages and 200
+        waiting an hour; each command runs ``cli_runs`` times each way (cancel and reschedule
+        each take a message of their own every run). Figures are whole-process wall times.
+        """
+        from engine.control.endpoint import endpoint_file
+        from engine.lakehouse.session import REPO_ROOT
+        from engine.produce.send import Message, send_many
+
+        fast_n, local_n = self.plan.cli_runs
+        cfg = self.cfg("cli")
+        later = [Message("orders", f"later {i}", keys=[f"k{i}"], delay=timedelta(hours=1))
+                 for i in range(200)]  # fmt: skip
+        ids = send_many(self.spark, cfg, later)
+        ids_now = send_many(self.spark, cfg, [Message("orders", f"now {i}") for i in range(5)])
+        delayq = str(Path(sys.executable).with_name("delayq"))
+        common = ["--set", f"lakehouse.path={cfg.lakehouse_path}", "--set",
+                  f"lakehouse.database={cfg.database}", "--set", f"levels.delays={BENCH_LEVELS}",
+                  "--set", "spark.log_level=ERROR", *self.engine_args]  # fmt: skip
+        # Not this job's JVM: spark-submit hands its gateway to the driver's environment.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("PYSPARK_GATEWAY_")}
+        env["SPARK_LOCAL_IP"] = os.environ.get("SPARK_LOCAL_IP", "127.0.0.1")
+        log_path = self.out_dir / f"{self.stamp}-cli-engine.log"
+        with log_path.open("w") as engine_log:
+            engine = subprocess.Popen(
+                [delayq, "run", *common], stdout=engine_log, stderr=subprocess.STDOUT,
+                cwd=REPO_ROOT, env=env, start_new_session=True,
+            )  # fmt: skip
+        results: dict[str, Any] = {"runs": {"engine": fast_n, "local": local_n}}
+        try:
+            deadline = time.monotonic() + 300
+            while not endpoint_file(cfg).exists() and time.monotonic() < deadline:
+                if engine.poll() is not None:
+                    raise RuntimeError(f"the engine stopped; its output: {log_path}")
+                time.sleep(0.5)
+            time.sleep(30)  # the engine has run its warm-up commands (its first table reads)
+            spare = iter(ids[100:])
+            commands: dict[str, Callable[[], list[str]]] = {
+                "status": lambda: ["status"],
+                "pending": lambda: ["pending", "--topic", "orders", "--limit", "5"],
+                "forecast": lambda: ["forecast", "--minutes", "90"],
+                "history": lambda: ["history", "--id", ids_now[0]],
+                "topics": lambda: ["topics"],
+                "lag": lambda: ["lag"],
+                "dlq list": lambda: ["dlq", "list", "--group", "billing"],
+                "cancel": lambda: ["cancel", "--id", next(spare), "--wait", "20"],
+                "reschedule": lambda: [
+                    "reschedule",
+                    "--id",
+                    next(spare),
+                    "--delay",
+                    "2h",
+                    "--wait",
+                    "20",
+                ],
+                "send": lambda: ["send", "--topic", "orders", "--body", "x", "--delay", "1h"],
+            }
+            for name, make in commands.items():
+                times: dict[str, list[float]] = {"engine": [], "local": []}
+                codes: dict[str, set[int]] = {"engine": set(), "local": set()}
+                for i in range(max(fast_n, local_n)):
+                    for way, runs, extra in (
+                        ("engine", fast_n, []),
+                        ("local", local_n, ["--local"]),
+                    ):
+                        if i >= runs:
+                            continue
+                        words = make()
+                        words = [*words[:2], *common, *words[2:]] if words[0] == "dlq" else [
+                            words[0], *common, *words[1:]]  # fmt: skip
+                        started = time.monotonic()
+                        done = subprocess.run(
+                            [delayq, *words, *extra], capture_output=True, text=True,
+                            cwd=REPO_ROOT, env=env, timeout=600,
+                        )  # fmt: skip
+                        times[way].append(time.monotonic() - started)
+                        codes[way].add(done.returncode)
+                row: dict[str, Any] = {"exit_codes": {w: sorted(c) for w, c in codes.items()}}
+                for way, values in times.items():
+                    if values:
+                        row[f"{way}_p50_s"] = _pct(values, 0.5)
+                        row[f"{way}_p95_s"] = _pct(values, 0.95)
+                results[name] = row
+                self.say(
+                    f"  {name:<11} engine p50 {row.get('engine_p50_s')} s p95 "
+                    f"{row.get('engine_p95_s')} s | local p50 {row.get('local_p50_s')} s "
+                    f"p95 {row.get('local_p95_s')} s | exit {row['exit_codes']}"
+                )
+        finally:
+            if engine.poll() is None:
+                os.killpg(engine.pid, signal.SIGINT)
+                try:
+                    engine.wait(120)
+                except subprocess.TimeoutExpired:
+                    os.killpg(engine.pid, signal.SIGKILL)
+        return results
+
     def kafka(self) -> dict[str, Any]:
         """Kafka topic -> ingest -> delay (level 1) -> delivery to a Kafka topic, end to end.
 
@@ -1121,6 +1225,15 @@ def table(results: dict[str, Any]) -> str:
             f"{kafka.get('duplicates', 0)} duplicates; "
             f"broker started in {kafka['broker_start_s']} s"
         )
+    commands = work.get("cli")
+    if commands:
+        lines.append("delayq commands, whole-process wall seconds p50/p95 (engine | --local):")
+        for name, row in commands.items():
+            if name != "runs":
+                lines.append(
+                    f"  {name:<11} {row.get('engine_p50_s')}/{row.get('engine_p95_s')} | "
+                    f"{row.get('local_p50_s')}/{row.get('local_p95_s')}"
+                )
     wake = work.get("wakeup")
     if wake:
         lines.append(
@@ -1156,14 +1269,15 @@ def _n(value: object) -> str:
 
 
 def chart(results: dict[str, Any], path: Path) -> None:
-    """A 3x2 PNG: steady lateness by rate, backlog round time, spike, fan-out, aging."""
+    """A 4x2 PNG: steady lateness by rate, backlog round time, spike, fan-out, aging, and
+    the delayq commands' times."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     work = _succeeded(results["workloads"])
-    fig, axes = plt.subplots(3, 2, figsize=(12, 12))
+    fig, axes = plt.subplots(4, 2, figsize=(12, 16))
     settings = results["settings"]
     fig.suptitle(
         f"delayq benchmark ({settings['mode']}, {settings['cpu_count']} cores, "
@@ -1244,6 +1358,20 @@ def chart(results: dict[str, Any], path: Path) -> None:
         ax = axes[2][1]
         lateness_panel(ax, runs, "age_s", "engine age (s)")
         ax.set_title("aging: lateness")
+    if work.get("cli"):
+        ax = axes[3][0]
+        timed = {k: v for k, v in work["cli"].items() if k != "runs"}
+        places = np.arange(len(timed))
+        for offset, way, color in ((-0.2, "engine", "tab:green"), (0.2, "local", "tab:gray")):
+            ax.bar(places + offset, [r.get(f"{way}_p50_s") or 0 for r in timed.values()], 0.4,
+                   color=color, label=f"{way} p50")  # fmt: skip
+            ax.scatter(places + offset, [r.get(f"{way}_p95_s") or 0 for r in timed.values()],
+                       color="black", marker="_", s=200)  # fmt: skip
+        ax.set_xticks(places, list(timed), rotation=45, ha="right")
+        ax.set_yscale("log")
+        ax.set_ylabel("seconds (bar p50, tick p95)")
+        ax.set_title("delayq commands: through the running engine vs --local")
+        ax.legend()
     fig.tight_layout()
     fig.savefig(path, dpi=100)
     plt.close(fig)
@@ -1259,6 +1387,7 @@ WORKLOADS = (
     "aging",
     "wakeup",
     "kafka",
+    "cli",
 )
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]
