@@ -230,30 +230,22 @@ def _messages_from_file(path: str, cfg: EngineConfig) -> list[dict[str, Any]]:
     from engine.core.message import message_from_mapping, validate
 
     name = "standard input" if path == "-" else path
-    handle = _open_input("--file", path)
     items: list[dict[str, Any]] = []
-    number = 0
-    try:
-        for number, line in enumerate(handle, start=1):
-            if not line.strip():
-                continue
-            try:
-                item = json.loads(line)
-            except json.JSONDecodeError as err:
-                raise DelayQError(f"{name}:{number}: not a JSON object: {err}") from None
-            if not isinstance(item, dict):
-                raise DelayQError(f"{name}:{number}: not a JSON object: {line.strip()[:60]}")
-            try:
-                validate(message_from_mapping(item, len(items)), cfg)
-            except (InvalidMessageError, TypeError, ValueError) as err:
-                what = err if isinstance(err, InvalidMessageError) else f"invalid message: {err}"
-                raise DelayQError(f"{name}:{number}: {what}") from None
-            items.append(item)
-    except UnicodeDecodeError:
-        raise DelayQError(f"{name}:{number + 1}: not UTF-8 text") from None
-    finally:
-        if handle is not sys.stdin:
-            handle.close()
+    for number, line in _numbered_lines(path):
+        if not line.strip():
+            continue
+        try:
+            item = json.loads(line)
+        except json.JSONDecodeError as err:
+            raise DelayQError(f"{name}:{number}: not a JSON object: {err}") from None
+        if not isinstance(item, dict):
+            raise DelayQError(f"{name}:{number}: not a JSON object: {line.strip()[:60]}")
+        try:
+            validate(message_from_mapping(item, len(items)), cfg)
+        except (InvalidMessageError, TypeError, ValueError) as err:
+            what = err if isinstance(err, InvalidMessageError) else f"invalid message: {err}"
+            raise DelayQError(f"{name}:{number}: {what}") from None
+        items.append(item)
     if not items:
         raise DelayQError(f"{name} holds no message (one JSON object per line): nothing sent")
     return items
@@ -277,6 +269,26 @@ def _open_input(option: str, path: str) -> TextIO:
         raise DelayQError(f"cannot read {option} {path}: {err.strerror}") from None
 
 
+def _numbered_lines(path: str) -> list[tuple[int, str]]:
+    """The lines of a ``--file`` (``-``: standard input), numbered from 1.
+
+    Raises:
+        DelayQError: it cannot be read, or a line is not UTF-8 (naming the line).
+    """
+    name = "standard input" if path == "-" else path
+    handle = _open_input("--file", path)
+    lines: list[tuple[int, str]] = []
+    try:
+        for number, line in enumerate(handle, start=1):
+            lines.append((number, line))
+    except UnicodeDecodeError:
+        raise DelayQError(f"{name}:{len(lines) + 1}: not UTF-8 text") from None
+    finally:
+        if handle is not sys.stdin:
+            handle.close()
+    return lines
+
+
 def _id_lines(path: str) -> list[tuple[int, str, str | None]]:
     """``(line number, id, rest of the line or None)`` for each non-blank line of an ids file.
 
@@ -284,19 +296,11 @@ def _id_lines(path: str) -> list[tuple[int, str, str | None]]:
         DelayQError: the file cannot be read, is not UTF-8, holds no id, or names an id twice.
     """
     name = "standard input" if path == "-" else path
-    handle = _open_input("--file", path)
     found: list[tuple[int, str, str | None]] = []
-    number = 0
-    try:
-        for number, line in enumerate(handle, start=1):
-            words = line.split(maxsplit=1)
-            if words:
-                found.append((number, words[0], words[1].strip() if len(words) > 1 else None))
-    except UnicodeDecodeError:
-        raise DelayQError(f"{name}:{number + 1}: not UTF-8 text") from None
-    finally:
-        if handle is not sys.stdin:
-            handle.close()
+    for number, line in _numbered_lines(path):
+        words = line.split(maxsplit=1)
+        if words:
+            found.append((number, words[0], words[1].strip() if len(words) > 1 else None))
     if not found:
         raise DelayQError(f"{name} holds no message id (one per line): nothing done")
     first: dict[str, int] = {}
