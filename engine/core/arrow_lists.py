@@ -50,3 +50,16 @@ def entry_rows(lists: pa.Array) -> np.ndarray:
     """
     counts = np.asarray(pc.fill_null(pc.list_value_length(lists), 0), dtype=np.int64)
     return np.repeat(np.arange(len(lists), dtype=np.int64), counts)
+
+
+def take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
+    """``values[index]``, null where ``index`` is -1.
+
+    Example:
+        >>> take_or_null(pa.array(["a", "b"]), np.array([1, -1])).to_pylist()
+        ['b', None]
+    """
+    missing = index < 0
+    if missing.all():
+        return pa.nulls(len(index), values.type)
+    return pc.take(values, pa.array(np.where(missing, 0, index), mask=missing))

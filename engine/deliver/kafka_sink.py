@@ -21,7 +21,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import SparkSession
 
-from engine.core.arrow_lists import entry_rows, grouped
+from engine.core.arrow_lists import entry_rows, grouped, take_or_null
 from engine.core.config import EngineConfig
 from engine.core.kafka_headers import HEADER_DELIVER_TS, HEADER_MSG_ID, HEADER_TAGS
 from engine.lakehouse.fs import hadoop_path, jvm
@@ -101,13 +101,7 @@ def kafka_records(rows: pa.Table, kafka_topic: str) -> pa.Table:
     first_rows, first = np.unique(key_rows, return_index=True)
     key = np.full(n, -1, dtype=np.int64)
     key[first_rows] = first
-    missing = key < 0
-    flat_keys = pc.list_flatten(keys)
-    first_key = (
-        pc.take(flat_keys, pa.array(np.where(missing, 0, key), mask=missing))
-        if len(flat_keys)
-        else pa.nulls(n, pa.string())
-    )
+    first_key = take_or_null(pc.list_flatten(keys), key)
     return pa.table(
         {
             "topic": pa.array([kafka_topic] * n, pa.string()),

@@ -49,7 +49,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.core.arrow_lists import entry_rows, grouped
+from engine.core.arrow_lists import entry_rows, grouped, take_or_null
 from engine.core.clock import to_micros, to_millis
 from engine.core.config import EngineConfig
 from engine.core.kafka_headers import (
@@ -154,14 +154,6 @@ def _last_per_row(parents: np.ndarray, positions: np.ndarray, n: int) -> np.ndar
     return out
 
 
-def _take_or_null(values: pa.Array, index: np.ndarray) -> pa.Array:
-    """``values[index]``, null where ``index`` is -1."""
-    missing = index < 0
-    if missing.all():
-        return pa.nulls(len(index), values.type)
-    return pc.take(values, pa.array(np.where(missing, 0, index), mask=missing))
-
-
 class _Headers:
     """Every record's headers, flattened once."""
 
@@ -177,7 +169,7 @@ class _Headers:
         """Each record's last header ``name`` as text (null where it has none)."""
         positions = np.flatnonzero(_bools(pc.equal(self.keys, name)))
         index = _last_per_row(self.parents, positions, self.rows)
-        text = pc.fill_null(_texts(_take_or_null(self.values, index)), "")  # no value: ""
+        text = pc.fill_null(_texts(take_or_null(self.values, index)), "")  # no value: ""
         return pc.if_else(pa.array(index >= 0), text, pa.scalar(None, pa.string()))
 
     def others(self, excluded: tuple[str, ...]) -> tuple[np.ndarray, pa.Array, pa.Array]:
