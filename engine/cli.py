@@ -435,8 +435,9 @@ def _start_control(cfg: EngineConfig, spark: Any) -> Any:
     # with Arrow): run the reading commands once now, so the first a user types is quick too.
     where = ["--set", f"lakehouse.path={cfg.lakehouse_path}",
              "--set", f"lakehouse.database={cfg.database}"]  # fmt: skip
-    reading = (["status"], ["pending", "--limit", "1"], ["forecast", "--minutes", "1"],
-               ["history", "--id", "-"], ["topics"], ["lag"])  # fmt: skip
+    reading = (["status"], ["pending", "--limit", "1"], ["pending", "--topic", "-", "--limit", "1"],
+               ["forecast", "--minutes", "1"], ["history", "--id", "-"], ["topics"],
+               ["lag"])  # fmt: skip
 
     def warm() -> None:
         for command in reading:

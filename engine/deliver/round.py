@@ -45,6 +45,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
+import pyarrow as pa
 import pyarrow.dataset as ds
 from pyspark.sql import SparkSession
 
@@ -62,12 +63,13 @@ from engine.deliver.checkpoint import (
 from engine.deliver.commands import (
     REMOVING,
     RESCHEDULE_QUEUE,
+    CommandTables,
     Resolution,
     open_commands,
     removed_before,
     rescheduled_rows,
     resolve,
-    results_frame,
+    results_table,
     targets,
     unstamped,
 )
@@ -82,7 +84,7 @@ from engine.deliver.due import (
 )
 from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
 from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import Txn, VersionTracker, append
+from engine.lakehouse.delta_log import Txn, VersionTracker
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.live_files import LiveFiles
 from engine.lakehouse.offset_log import OffsetLog
@@ -162,6 +164,7 @@ class Delivery:
         self._schedule = LiveFiles(layout.schedule, stats=WINDOW_STATS)
         self._retired = Window(from_millis(0), from_millis(0), -1)
         self._results = ArrowDelta(layout.command_results)
+        self._tables = CommandTables.of(layout, self._results)
         self._commands = VersionTracker(spark, layout.commands)
         self._open_commands = True  # unknown until the first round looks
         self._no_commands_until = -1  # the commands table held none up to this version
@@ -290,21 +293,20 @@ class Delivery:
         new = plan.commands_version > max(prev.commands_version, self._no_commands_until)
         if plan.commands_version < 0 or not (new or self._open_commands or self.pending):
             return None  # (a plan written before commands existed pins no version)
-        commands = open_commands(self.spark, self.layout, plan.commands_version, plan.round)
+        commands = open_commands(self._tables, plan.commands_version, plan.round)
         if not commands:
             self._open_commands = False
             return None
-        rows = targets(self.spark, self.layout, plan.schedule_version, commands)
+        rows = targets(self._tables, plan.schedule_version, commands)
         removed: set[tuple[str, int]] = set()
         if rows:
-            earlier = removed_before(self.spark, self.layout, plan.round, {r.msg_id for r in rows})
-            removed = {(r["msg_id"], int(r["revision"])) for r in earlier.collect()}
+            removed = removed_before(self._tables, plan.round, {r.msg_id for r in rows})
         found = {r.msg_id for r in rows}
         unmatched = {c["msg_id"] for c in commands if c["msg_id"] and c["msg_id"] not in found}
         sent: set[str] = set()
         refused: dict[str, str] = {}
         if unmatched:
-            sent, refused = unstamped(self.spark, self.layout, unmatched, self._sent_ids)
+            sent, refused = unstamped(self._tables, unmatched, self._sent_ids)
             self._sent_ids |= sent
         resolution = resolve(
             commands,
@@ -335,26 +337,28 @@ class Delivery:
         return marks
 
     def _apply_commands(self, resolution: Resolution, plan: Plan, high_batch: int) -> None:
-        """Write a round's command outcomes and rescheduled rows (idempotent per round)."""
+        """Write a round's command outcomes and rescheduled rows (idempotent per round).
+
+        A replayed round skips an append its ``txn`` says landed.
+        """
         checkpoint = self.progress.checkpoint_id
-        append(
-            results_frame(self.spark, resolution.results),
-            self.layout.command_results,
-            txn=Txn(f"delayq-commands-{checkpoint}", plan.round),
+        _append_once(
+            self._results,
+            results_table(resolution.results),
+            Txn(f"delayq-commands-{checkpoint}", plan.round),
         )
         if resolution.removed:
             self._any_removed = True
         if resolution.new_rows:
             moved = rescheduled_rows(
-                self.spark,
-                self.layout,
+                self._tables,
                 plan.schedule_version,
                 resolution.new_rows,
                 high_batch,
                 self.clock.now(),
             )
-            append(
-                moved, self.layout.schedule, txn=Txn(f"delayq-reschedule-{checkpoint}", plan.round)
+            _append_once(
+                self._tables.schedule, moved, Txn(f"delayq-reschedule-{checkpoint}", plan.round)
             )
 
     def _write_topics(self, found: Candidates, plan: Plan, replayed: bool) -> dict[str, int]:
@@ -457,6 +461,13 @@ class Delivery:
             rows_read=found.rows if found else 0,
             stages=dict(self._stages),
         )
+
+
+def _append_once(table: ArrowDelta, rows: pa.Table, txn: Txn) -> None:
+    """Append ``rows`` unless ``txn`` (or a later version of its app) is recorded."""
+    recorded = table.txn_version(txn.app_id)
+    if recorded is None or recorded < txn.version:
+        table.append(rows, txn=txn)
 
 
 def _from_ms(ms: int | None) -> datetime | None:

@@ -105,6 +105,36 @@ def test_crash_in_a_round_with_a_cancel_replays_it_exactly(
     assert status.cancelled == 1 and status.idle, status
 
 
+def test_crash_in_a_round_with_a_reschedule_moves_the_message_once(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    moved, other = send_many(
+        spark, cfg, [Message("orders", f"m{i}", delay_level=1) for i in range(2)], clock
+    )
+    quiet_engine(spark, cfg, clock).step()
+    clock.advance(seconds=1)
+    asked = reschedule(spark, cfg, moved, delay="5s", wait=0, clock=clock)
+    crashing = quiet_engine(spark, cfg, clock, sinks=crash_after_writes())
+    with pytest.raises(Crash):  # after the outcome, the moved row and the topic write
+        crashing.step()
+    crashing.step()  # the same engine replays the round (a fresh one would too)
+    assert delivered_ids(spark, cfg) == [other]
+    copies = (
+        spark.read.format("delta")
+        .load(f"{cfg.lakehouse_path}/schedule")
+        .where((F.col("msg_id") == moved) & (F.col("revision") == 1))
+        .count()
+    )
+    assert copies == 1, "the replayed rounds append the moved row once"
+    done = result_of(spark, cfg, asked.command_id, "reschedule")
+    assert done.status == "rescheduled" and len(done.outcomes) == 1, "decided once"
+    clock.advance(seconds=5)
+    restarted = quiet_engine(spark, cfg, clock)
+    restarted.step()
+    assert delivered_ids(spark, cfg) == sorted([moved, other])
+    assert restarted.status().idle
+
+
 def test_cancel_by_key_in_one_topic(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
