@@ -382,7 +382,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
             f"({cfg.levels.source}), database {cfg.database}"
         )
-        control = _start_control(cfg, spark)
+        control = metrics = None
 
         def send_demo() -> None:
             ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
@@ -393,6 +393,8 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             )
 
         try:
+            control = _start_control(cfg, spark)
+            metrics = _start_metrics(cfg, spark, engine)
             final = engine.run(
                 until_idle=args.until_idle,
                 max_seconds=args.max_seconds,
@@ -400,8 +402,9 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 stop=signals.requested,
             )
         finally:
-            if control is not None:
-                control.stop()
+            for server in (control, metrics):
+                if server is not None:
+                    server.stop()
     if args.show:
         show_topics(spark, cfg, args.show)
     if final.quarantined:
@@ -409,6 +412,21 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
         print(f"\n{final.quarantined} messages are in quarantine: {where}")
     print(f"\nQuery the topics in SQL: SELECT * FROM {cfg.database}.<topic>  (see README)")
     return 0
+
+
+def _start_metrics(cfg: EngineConfig, spark: Any, engine: Any) -> Any:
+    """Serve Prometheus metrics (``metrics.enabled``); the server, or None.
+
+    Raises:
+        ConfigError: ``metrics.host``/``metrics.port`` cannot be listened on.
+    """
+    if not cfg.metrics_enabled:
+        return None
+    from engine.run.metrics import MetricsServer
+
+    server = MetricsServer(cfg, engine, spark.newSession()).start()
+    print(f"delayq: Prometheus metrics at {server.url}")
+    return server
 
 
 def _start_control(cfg: EngineConfig, spark: Any) -> Any:

@@ -259,6 +259,10 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "control.enabled": ("control_enabled", _bool),
     "control.host": ("control_host", _text),
     "control.port": ("control_port", _port),
+    "metrics.enabled": ("metrics_enabled", _bool),
+    "metrics.host": ("metrics_host", _text),
+    "metrics.port": ("metrics_port", _port),
+    "metrics.refresh_interval": ("metrics_refresh_ms", _duration),
 }
 
 
@@ -314,6 +318,12 @@ class EngineConfig:
             :mod:`engine.control.endpoint`).
         control_host: the address that endpoint listens on (loopback by default).
         control_port: its port (0: any free port, written where commands find it).
+        metrics_enabled: a running engine serves Prometheus metrics (see
+            :mod:`engine.run.metrics`).
+        metrics_host: the address they are served on (loopback by default).
+        metrics_port: their port (0: any free port, printed at start).
+        metrics_refresh_ms: how often the figures that need a query (consumer lag, next
+            due time) are refreshed.
     """
 
     lakehouse: str = "lakehouse"
@@ -351,6 +361,10 @@ class EngineConfig:
     control_enabled: bool = True
     control_host: str = "127.0.0.1"
     control_port: int = 0
+    metrics_enabled: bool = True
+    metrics_host: str = "127.0.0.1"
+    metrics_port: int = 0
+    metrics_refresh_ms: int = 15_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lakehouse", _local_path("lakehouse.path", self.lakehouse))

@@ -82,6 +82,7 @@ from engine.deliver.due import (
     to_topic_rows,
     topic_tables,
 )
+from engine.deliver.lateness import Lateness
 from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker
@@ -109,6 +110,8 @@ class RoundResult:
         stages: seconds per stage: ``plan`` (versions, deciding commands), ``scan`` (find
             what is due), ``commands`` (writing their outcomes, when any), ``topics`` (the
             topic writes), ``commit`` (progress).
+        lateness: how late the delivered rows were (``delivered_ts - deliver_ts``).
+        commands: command outcomes the round decided, per result (``cancelled``, ...).
     """
 
     round: int
@@ -121,6 +124,8 @@ class RoundResult:
     files_read: int = 0
     rows_read: int = 0
     stages: Mapping[str, float] = field(default_factory=dict)
+    lateness: Lateness = field(default_factory=Lateness)
+    commands: Mapping[str, int] = field(default_factory=dict)
 
 
 class Delivery:
@@ -280,11 +285,15 @@ class Delivery:
         if resolution is not None and decided:
             self._apply_commands(resolution, plan, high_batch)
             self._time("commands")
-        per_topic = self._write_topics(found, plan, replayed)
+        delivered_ts = self.clock.now()
+        per_topic = self._write_topics(found, plan, replayed, delivered_ts)
         self._time("topics")
         self._commit(prev, plan, summary, high_batch, resolution)
         self._time("commit")
-        return self._result(plan.round, plan, per_topic, True, replayed, started, found)
+        return self._result(
+            plan.round, plan, per_topic, True, replayed, started, found,
+            Lateness.of(found.deliver["deliver_ts"], delivered_ts), resolution,
+        )  # fmt: skip
 
     # ------------------------------------------------------------- cancel / reschedule
 
@@ -361,11 +370,12 @@ class Delivery:
                 self._tables.schedule, moved, Txn(f"delayq-reschedule-{checkpoint}", plan.round)
             )
 
-    def _write_topics(self, found: Candidates, plan: Plan, replayed: bool) -> dict[str, int]:
+    def _write_topics(
+        self, found: Candidates, plan: Plan, replayed: bool, delivered_ts: datetime
+    ) -> dict[str, int]:
         # Keyed by table: topics differing only in case share one table. One write per
         # table and sink; a replayed round skips the writes its sinks say finished.
         tables = topic_tables(found.deliver)
-        delivered_ts = self.clock.now()
         sinks = self.sinks()
 
         def write(name: str) -> None:
@@ -448,7 +458,12 @@ class Delivery:
         replayed: bool,
         started: float,
         found: Candidates | None,
+        lateness: Lateness | None = None,
+        resolution: Resolution | None = None,
     ) -> RoundResult:
+        decided: dict[str, int] = {}
+        for r in resolution.results if resolution else []:
+            decided[r["result"]] = decided.get(r["result"], 0) + 1
         return RoundResult(
             round=round_,
             watermark=plan.watermark,
@@ -460,6 +475,8 @@ class Delivery:
             files_read=found.files if found else 0,
             rows_read=found.rows if found else 0,
             stages=dict(self._stages),
+            lateness=lateness or Lateness(),
+            commands=decided,
         )
 
 

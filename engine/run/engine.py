@@ -22,8 +22,9 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from pyspark.sql import SparkSession
 
@@ -31,6 +32,7 @@ from engine.control.status import Status, read_status
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError, DeliveryError, RetryableError, StampError
+from engine.deliver.lateness import Lateness
 from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
@@ -54,16 +56,44 @@ class DeliveryStats:
     """Running totals of the delivery stage since the process started.
 
     ``recent`` keeps the last rounds' results (timings, rows and files read) for
-    monitoring and the benchmark.
+    monitoring and the benchmark; the other totals feed :mod:`engine.run.metrics`.
     """
 
     recent: deque[RoundResult] = field(default_factory=lambda: deque(maxlen=10_000))
     rounds: int = 0
+    committed: int = 0
     delivered: int = 0
     errors: int = 0
     failing: int = 0
     last_error: str = ""
     last_round_seconds: float = 0.0
+    per_topic: dict[str, int] = field(default_factory=dict)
+    stage_seconds: dict[str, float] = field(default_factory=dict)
+    commands: dict[str, int] = field(default_factory=dict)
+    lateness: Lateness = field(default_factory=Lateness)
+
+    def record(self, result: RoundResult) -> None:
+        """Add one round's figures."""
+        self.failing = 0
+        self.rounds += 1
+        self.committed += result.committed
+        self.recent.append(result)
+        self.delivered += result.delivered
+        if result.delivered:
+            self.last_round_seconds = result.seconds
+        _add(self.per_topic, result.per_topic)
+        _add(self.stage_seconds, result.stages)
+        _add(self.commands, result.commands)
+        self.lateness = self.lateness + result.lateness
+
+
+def _add(totals: dict[str, Any], more: Mapping[str, Any]) -> None:
+    for name, value in more.items():
+        totals[name] = totals.get(name, 0) + value
+
+
+#: Called with each round's result, in the delivery thread (see :meth:`Engine.add_listener`).
+RoundListener = Callable[[RoundResult], None]
 
 
 class Engine:
@@ -99,6 +129,7 @@ class Engine:
         self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks)
         self.catalog = Catalog(spark, cfg)
         self.stats = DeliveryStats()
+        self._listeners: list[RoundListener] = []
         self._loop: threading.Thread | None = None
         self._stamp_loop: threading.Thread | None = None
         self._loop_error: BaseException | None = None
@@ -169,13 +200,28 @@ class Engine:
         # Outside the round's exactly-once section: name the tables it made.
         delta = [t for t in result.per_topic if self.cfg.sink(t) != "kafka"]
         self.catalog.after_round(delta, result.committed)
-        self.stats.failing = 0
-        self.stats.rounds += 1
-        self.stats.recent.append(result)
-        self.stats.delivered += result.delivered
-        if result.delivered:
-            self.stats.last_round_seconds = result.seconds
+        self.stats.record(result)
+        for listener in list(self._listeners):
+            try:
+                listener(result)
+            except Exception:  # a listener's bug must not stop delivery
+                log.exception("round listener %r failed", listener)
         return result
+
+    def add_listener(self, listener: RoundListener) -> None:
+        """Call ``listener(result)`` after every delivery round (as Spark's
+        ``StreamingQueryListener.onQueryProgress`` does), in the delivery thread: keep it
+        quick. An exception it raises is logged and ignored.
+
+        Example:
+            >>> engine.add_listener(lambda r: print(r.round, r.delivered, r.lateness.n))
+            ... # doctest: +SKIP
+        """
+        self._listeners.append(listener)
+
+    def remove_listener(self, listener: RoundListener) -> None:
+        """Stop calling ``listener``."""
+        self._listeners.remove(listener)
 
     # ----------------------------------------------------------------- background
 

@@ -97,6 +97,8 @@ class StampStats:
     looks: int = 0
     batches: int = 0
     rows: int = 0
+    scheduled: int = 0
+    quarantined: int = 0
 
 
 class Stamper:
@@ -226,6 +228,8 @@ class Stamper:
         )
         self.stats.batches += 1
         self.stats.rows += rows.num_rows
+        self.stats.scheduled += result.scheduled
+        self.stats.quarantined += result.quarantined
         self.stats.recent.append(result)
         return result
 

@@ -25,10 +25,12 @@ import engine.control.remote as remote
 from engine.control.endpoint import endpoint_file
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
+from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
 from tests.support.lakehouse import TEST_SPARK_CONF
 from tests.support.process import VENV_BIN, cli, engine_args, start, wait_for
+from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.integration
 
@@ -180,6 +182,30 @@ def test_cancel_and_reschedule_many_ids_in_one_call(
     code, out, _ = cli(capsys, cfg, "reschedule", "--file", str(moves), "--delay", "3h")
     assert code == 0 and out.count(": rescheduled 1 message(s)") == 2, out
     assert via_engine == [0, 1, 2, 0], "all four went to the engine"
+
+
+def test_a_running_engine_serves_metrics_that_match_its_tables(
+    spark: SparkSession, running: EngineConfig
+) -> None:
+    cfg = running
+    log = (Path(cfg.lakehouse).parent / "engine.log").read_text()
+    found = re.search(r"Prometheus metrics at (http://127\.0\.0\.1:\d+/metrics)", log)
+    assert found, log[-3000:]
+    send_many(spark, cfg, [Message("metered", f"m{i}") for i in range(4)])
+    topic = layout(cfg).topic("metered")
+    wait_for(lambda: Path(topic).exists() and spark.read.format("delta").load(topic).count() == 4,
+             120, "the messages delivered")  # fmt: skip
+
+    got = scrape(found.group(1))
+    assert got[("delayq_delivered_total", (("topic", "metered"),))] == 4
+    # Every topic row of this lakehouse was delivered by this engine, and counted.
+    in_tables = sum(
+        spark.read.format("delta").load(layout(cfg).topic(name)).count()
+        for name in list_topics(spark, cfg)
+    )
+    counted = sum(v for (name, _), v in got.items() if name == "delayq_delivered_total")
+    assert counted == in_tables == got[("delayq_delivery_lateness_seconds_count", ())]
+    assert got[("delayq_rounds_total", ())] >= got[("delayq_rounds_committed_total", ())] > 0
 
 
 def test_without_an_engine_a_command_says_it_starts_a_spark(tmp_path: Path) -> None:
