@@ -30,6 +30,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -46,6 +47,8 @@ from engine.core.clock import from_micros, from_millis, to_millis
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import Layout
 from schemas import COMMAND_RESULTS
+
+log = logging.getLogger(__name__)
 
 CANCEL = "cancel"
 RESCHEDULE = "reschedule"
@@ -144,6 +147,10 @@ def open_commands(
     """Commands in ``commands`` (at a version) without an outcome from a round before
     ``round_``, in the order they were issued."""
     rows = tables.commands.dataset(commands_version).to_table(columns=_COMMAND_COLUMNS)
+    nameless = rows.filter(pc.is_null(rows["command_id"]))
+    if nameless.num_rows:  # written by hand: an outcome could not name it
+        log.warning("%d commands without a command_id are ignored", nameless.num_rows)
+        rows = rows.filter(pc.is_valid(rows["command_id"]))
     decided = _results(tables.results, round_, columns=["command_id"])
     if decided is not None and decided.num_rows:
         rows = rows.filter(pc.invert(pc.is_in(rows["command_id"], value_set=decided["command_id"])))
@@ -166,13 +173,18 @@ def targets(
     keys = pa.array(sorted({c["key"] for c in commands if c["key"]}), pa.string())
     snapshot = tables.schedule.dataset(schedule_version)
     if len(keys):
-        # No pushed-down filter on a list column: read the light columns and pick.
-        rows = snapshot.to_table(columns=_TARGET_COLUMNS).combine_chunks()
-        by_key = entry_rows(rows["keys"])[
-            np.asarray(pc.is_in(pc.list_flatten(rows["keys"]), value_set=keys), dtype=bool)
-        ]
-        by_id = np.flatnonzero(np.asarray(pc.is_in(rows["msg_id"], value_set=ids), dtype=bool))
-        rows = rows.take(pa.array(np.union1d(by_key, by_id), pa.int64()))
+        # No pushed-down filter on a list column: pick batch by batch (memory stays flat).
+        picked = []
+        for batch in snapshot.to_batches(columns=_TARGET_COLUMNS):
+            by_key = entry_rows(batch["keys"])[
+                np.asarray(pc.is_in(pc.list_flatten(batch["keys"]), value_set=keys), dtype=bool)
+            ]
+            by_id = np.flatnonzero(np.asarray(pc.is_in(batch["msg_id"], value_set=ids), dtype=bool))
+            hits = np.union1d(by_key, by_id)
+            if len(hits):
+                picked.append(batch.take(pa.array(hits, pa.int64())))
+        schema = pa.schema([snapshot.schema.field(c) for c in _TARGET_COLUMNS])
+        rows = pa.Table.from_batches(picked, schema)
     elif len(ids):
         rows = snapshot.to_table(columns=_TARGET_COLUMNS, filter=ds.field("msg_id").isin(ids))
     else:

@@ -351,11 +351,15 @@ class Delivery:
         A replayed round skips an append its ``txn`` says landed.
         """
         checkpoint = self.progress.checkpoint_id
-        _append_once(
+        written = _append_once(
             self._results,
             results_table(resolution.results),
             Txn(f"delayq-commands-{checkpoint}", plan.round),
         )
+        if not written:
+            # A replay: the outcomes that landed stand. A command that waited then (its
+            # message not stamped) may be decidable now; the next round looks again.
+            self._open_commands = True
         if resolution.removed:
             self._any_removed = True
         if resolution.new_rows:
@@ -480,11 +484,14 @@ class Delivery:
         )
 
 
-def _append_once(table: ArrowDelta, rows: pa.Table, txn: Txn) -> None:
-    """Append ``rows`` unless ``txn`` (or a later version of its app) is recorded."""
+def _append_once(table: ArrowDelta, rows: pa.Table, txn: Txn) -> bool:
+    """Append ``rows`` unless ``txn`` (or a later version of its app) is recorded; whether
+    it appended."""
     recorded = table.txn_version(txn.app_id)
-    if recorded is None or recorded < txn.version:
-        table.append(rows, txn=txn)
+    if recorded is not None and recorded >= txn.version:
+        return False
+    table.append(rows, txn=txn)
+    return True
 
 
 def _from_ms(ms: int | None) -> datetime | None:
