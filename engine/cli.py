@@ -168,6 +168,13 @@ def _parser() -> argparse.ArgumentParser:
     sql = sub.add_parser("sql", parents=[common], help="run a SQL query with tables registered")
     sql.add_argument("query", help='e.g. "SELECT * FROM delayq.orders"')
     sql.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
+    keep = sub.add_parser(
+        "maintain", parents=[common], help="compact small files and delete unneeded ones"
+    )
+    keep.add_argument(
+        "--table", action="append", metavar="NAME",
+        help="only this table (schedule, commitlog, topics/orders, ...; repeatable)",
+    )  # fmt: skip
     return parser
 
 
@@ -567,6 +574,31 @@ def cmd_sql(args: argparse.Namespace, cfg: EngineConfig) -> int:
     return 0
 
 
+def cmd_maintain(args: argparse.Namespace, cfg: EngineConfig) -> int:
+    """``delayq maintain``: OPTIMIZE and VACUUM every table, with a line per table."""
+    from engine.control.maintain import maintain, tables_to_maintain
+    from engine.lakehouse.session import build_spark
+
+    spark = build_spark(cfg.with_overrides(register_tables=False))
+    only = set(args.table) if args.table else None
+    if only:
+        known = {name for name, _, _ in tables_to_maintain(spark, cfg)}
+        unknown = sorted(only - known)
+        if unknown:
+            raise DelayQError(
+                f"no table {', '.join(unknown)} in {cfg.lakehouse_path}: "
+                f"choose from {', '.join(sorted(known))}"
+            )
+    reports = list(maintain(spark, cfg, lambda line: print(line, flush=True), only))
+    for report in reports:
+        print(report.line())
+    before = sum(r.files_before for r in reports)
+    after = sum(r.files_after for r in reports)
+    freed = sum(r.freed_bytes for r in reports) / 1e6
+    print(f"{len(reports)} tables: {before} files -> {after}; {freed:.1f} MB freed")
+    return 0
+
+
 def cmd_pending(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq pending``: waiting messages, soonest first, with counts per topic."""
     from pyspark.sql import functions as F
@@ -720,6 +752,7 @@ COMMANDS = {
     "reschedule": cmd_reschedule,
     "lag": cmd_lag,
     "dlq": cmd_dlq,
+    "maintain": cmd_maintain,
 }
 
 

@@ -263,6 +263,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "metrics.host": ("metrics_host", _text),
     "metrics.port": ("metrics_port", _port),
     "metrics.refresh_interval": ("metrics_refresh_ms", _duration),
+    "maintenance.retention": ("maintenance_retention_ms", _duration),
 }
 
 
@@ -324,6 +325,8 @@ class EngineConfig:
         metrics_port: their port (0: any free port, printed at start).
         metrics_refresh_ms: how often the figures that need a query (consumer lag, next
             due time) are refreshed.
+        maintenance_retention_ms: ``delayq maintain`` deletes data files no table version
+            within this long needs (at least an hour).
     """
 
     lakehouse: str = "lakehouse"
@@ -365,6 +368,7 @@ class EngineConfig:
     metrics_host: str = "127.0.0.1"
     metrics_port: int = 0
     metrics_refresh_ms: int = 15_000
+    maintenance_retention_ms: int = 7 * 86_400_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lakehouse", _local_path("lakehouse.path", self.lakehouse))
@@ -375,6 +379,12 @@ class EngineConfig:
                 object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if self.log_level.upper() not in {"ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
             raise ConfigError("spark.log_level", self.log_level, "expected e.g. WARN or INFO")
+        if self.maintenance_retention_ms < 3_600_000:
+            raise ConfigError(
+                "maintenance.retention",
+                f"{self.maintenance_retention_ms}ms",
+                "must be at least 1h: a replayed round reads the version it planned from",
+            )
         longest = max(self.levels.delays_ms)
         if 0 < self.dedup_window_ms < longest:
             raise ConfigError(

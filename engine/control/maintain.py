@@ -1,0 +1,269 @@
+"""Compaction and clean-up of a lakehouse's tables, safe beside a running engine.
+
+Every append makes a small file: a topic table gains one per delivery round, ``schedule`` one
+per queue per stamping batch, ``commitlog`` one per send. :func:`maintain` runs, table by
+table:
+
+1. ``OPTIMIZE`` (Delta's bin-packing compaction), ordered where the engine's readers skip
+   files by a column's range: ``schedule`` by ``deliver_ts`` (a delivery round reads only the
+   files whose deliver times reach its window), topic tables by ``delivery_round`` (a
+   consumer reads only the files after its position). Compaction rewrites files without
+   changing a row (its commit says ``dataChange = false``): stamping and Delta streams skip
+   it, and a round or a poll reads the same rows from the new files.
+2. ``VACUUM`` with ``maintenance.retention``: data files no version within the retention
+   needs are deleted from storage. Older versions become unreadable (time travel), so a table
+   the engine may still read at an older version is left alone, saying why: ``commitlog``
+   while stamping has not read past a version committed longer ago than the retention (its
+   newest batch is read again at a restart), ``schedule`` and ``commands`` while a delivery
+   round planned longer ago than that waits to be replayed (it reads the versions it pinned).
+   The retention is at least one hour, 7 days by default.
+
+Delta's own conflict detection keeps it safe beside the engine: appends never conflict with a
+compaction, and a compaction that loses a race to another (``ConcurrentWriteException`` and
+the like) is tried again, up to :data:`ATTEMPTS` times. Nothing is deleted from a table: rows
+stay queryable (``schedule`` keeps delivered rows; pruning them is not done here).
+
+Example:
+    >>> for report in maintain(spark, cfg, print):  # doctest: +SKIP
+    ...     pass
+    schedule: 412 files (3.1 MB) -> 9 files (2.8 MB); 403 files (2.9 MB) deleted from storage
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+
+from delta.tables import DeltaTable
+from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
+
+from engine.core.clock import Clock, SystemClock, from_millis
+from engine.core.config import EngineConfig
+from engine.deliver.checkpoint import read_checkpoint
+from engine.lakehouse.delta_log import (
+    CONCURRENT_CHANGES,
+    latest_version,
+    list_topics,
+    table_exists,
+)
+from engine.lakehouse.fs import hadoop_path
+from engine.lakehouse.layout import layout
+from engine.lakehouse.offset_log import OffsetLog
+from engine.stamp.stamper import StampPlan
+
+#: Tries of a compaction that keeps losing races to other writers.
+ATTEMPTS = 5
+#: The column each table's compaction orders rows by (the engine's readers skip on it).
+ORDER_BY = {"schedule": "deliver_ts", "topic": "delivery_round"}
+
+
+@dataclass(frozen=True)
+class TableReport:
+    """What maintenance did to one table.
+
+    Attributes:
+        table: the table's name (``schedule``, ``topics/orders``, ...).
+        files_before: data files in the table's current version before.
+        files_after: and after compaction.
+        bytes_before: their size before.
+        bytes_after: and after.
+        stored_before: data files in storage before (every version's, and leftovers).
+        stored_after: after the clean-up.
+        freed_bytes: bytes deleted from storage.
+        seconds: how long it took.
+    """
+
+    table: str
+    files_before: int
+    files_after: int
+    bytes_before: int
+    bytes_after: int
+    stored_before: int
+    stored_after: int
+    freed_bytes: int
+    seconds: float
+
+    def line(self) -> str:
+        """One line for people.
+
+        Example:
+            >>> done = TableReport("schedule", 412, 9, 3_100_000, 2_800_000, 820, 9, 2_900_000, 4.2)
+            >>> print(done.line())  # doctest: +NORMALIZE_WHITESPACE
+            schedule: 412 files (3.1 MB) -> 9 files (2.8 MB); 811 files (2.9 MB) deleted from
+            storage in 4.2 s
+        """
+        deleted = self.stored_before - self.stored_after
+        return (
+            f"{self.table}: {self.files_before} files ({_mb(self.bytes_before)}) -> "
+            f"{self.files_after} files ({_mb(self.bytes_after)}); {deleted} files "
+            f"({_mb(self.freed_bytes)}) deleted from storage in {self.seconds:.1f} s"
+        )
+
+
+def tables_to_maintain(spark: SparkSession, cfg: EngineConfig) -> list[tuple[str, str, str | None]]:
+    """``(name, path, order-by column)`` of the lakehouse's Delta tables that exist."""
+    lay = layout(cfg)
+    fixed = [
+        ("commitlog", lay.commitlog, None),
+        ("schedule", lay.schedule, ORDER_BY["schedule"]),
+        ("quarantine", lay.quarantine, None),
+        ("commands", lay.commands, None),
+        ("command_results", lay.command_results, None),
+        ("consumer_log", lay.consumer_log, None),
+    ]
+    topics = [(f"topics/{t}", lay.topic(t), ORDER_BY["topic"]) for t in list_topics(spark, cfg)]
+    return [(n, p, c) for n, p, c in fixed + topics if table_exists(spark, p)]
+
+
+def maintain(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    say: Callable[[str], None] = print,
+    only: set[str] | None = None,
+    clock: Clock | None = None,
+) -> Iterator[TableReport]:
+    """Compact and clean up each table (see the module's description), one report each.
+
+    Args:
+        spark: a Delta-enabled session.
+        cfg: ``maintenance.retention`` and the lakehouse.
+        say: where progress goes (a line as each table starts).
+        only: maintain only these tables (names as :func:`tables_to_maintain` gives them).
+        clock: for the retention's cutoff (the system clock by default).
+    """
+    clock = clock or SystemClock()
+    retention_h = cfg.maintenance_retention_ms / 3_600_000
+    cutoff = clock.now() - timedelta(milliseconds=cfg.maintenance_retention_ms)
+    if retention_h < 168:
+        # Delta refuses a retention below its default 7 days unless told the caller knows.
+        spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    chosen = [t for t in tables_to_maintain(spark, cfg) if only is None or t[0] in only]
+    for i, (name, path, order) in enumerate(chosen, 1):
+        say(f"[{i}/{len(chosen)}] {name}: compacting, then deleting files older than "
+            f"{retention_h:g} h that no version needs")  # fmt: skip
+        started = time.monotonic()
+        before, stored_before = _detail(spark, path), _stored(spark, path)
+        _with_retries(_optimize, spark, path, order)
+        after = _detail(spark, path)
+        blocker = vacuum_blocker(spark, cfg, name, cutoff)
+        if blocker is None:
+            DeltaTable.forPath(spark, path).vacuum(retention_h)
+        else:
+            say(f"{name}: not vacuumed: {blocker}")
+        stored_after = _stored(spark, path)
+        yield TableReport(
+            name,
+            before[0],
+            after[0],
+            before[1],
+            after[1],
+            stored_before[0],
+            stored_after[0],
+            max(stored_before[1] - stored_after[1], 0),
+            time.monotonic() - started,
+        )
+
+
+def vacuum_blocker(
+    spark: SparkSession, cfg: EngineConfig, name: str, cutoff: datetime
+) -> str | None:
+    """Why ``name`` must not be vacuumed now (``None``: it may be): the engine may still read
+    a version whose files a VACUUM with this cutoff would delete.
+
+    Example:
+        >>> vacuum_blocker(spark, cfg, "commitlog", now - timedelta(days=7))  # doctest: +SKIP
+        'stamping has not read past version 12, committed before the retention ...'
+    """
+    lay = layout(cfg)
+    if name == "commitlog":
+        last, rows, _ = OffsetLog(spark, lay.checkpoint("stamp") + "/batches").latest()
+        if last is None or not rows:
+            return None if latest_version(spark, lay.commitlog) < 0 else _NOT_STAMPED
+        needed = StampPlan.from_row(rows[0]).start.version
+        committed = _commit_time(spark, lay.commitlog, needed)
+        if committed is not None and committed < cutoff:
+            return (
+                f"stamping has not read past version {needed}, committed before the retention "
+                f"({committed.isoformat()}): a restart reads it again"
+            )
+    elif name in ("schedule", "commands"):
+        _, pending = read_checkpoint(spark, lay)
+        if pending is not None and pending.watermark < cutoff:
+            return (
+                f"delivery round {pending.round}, planned at {pending.watermark.isoformat()}, "
+                "waits to be replayed from the versions it pinned"
+            )
+    return None
+
+
+_NOT_STAMPED = "stamping has not started on this lakehouse: the engine reads it from its start"
+
+
+def _commit_time(spark: SparkSession, path: str, version: int) -> datetime | None:
+    """When ``version`` of the table was committed (``None``: no such version)."""
+    row = (
+        DeltaTable.forPath(spark, path)
+        .history()
+        .where(F.col("version") == version)
+        .select(F.unix_millis("timestamp").alias("ms"))
+        .first()
+    )
+    return None if row is None else from_millis(int(row["ms"]))
+
+
+def _optimize(spark: SparkSession, path: str, order: str | None) -> None:
+    builder = DeltaTable.forPath(spark, path).optimize()
+    if order is None:
+        builder.executeCompaction()
+    else:
+        builder.executeZOrderBy(order)
+
+
+def _with_retries(action: Callable[..., Any], *args: Any) -> None:
+    for attempt in range(1, ATTEMPTS + 1):
+        try:
+            action(*args)
+            return
+        except CONCURRENT_CHANGES:
+            if attempt == ATTEMPTS:
+                raise
+            time.sleep(0.5 * attempt)
+
+
+def _detail(spark: SparkSession, path: str) -> tuple[int, int]:
+    """Data files of the current version and their bytes."""
+    row = spark.sql(f"DESCRIBE DETAIL delta.`{path}`").first()
+    return (int(row["numFiles"] or 0), int(row["sizeInBytes"] or 0)) if row else (0, 0)
+
+
+def _stored(spark: SparkSession, path: str) -> tuple[int, int]:
+    """Data files in storage under the table's folder (not its log), and their bytes."""
+    root, fs = hadoop_path(spark, path)
+    files = fs.listFiles(root, True)
+    count = size = 0
+    while files.hasNext():
+        status = files.next()
+        relative = status.getPath().toString()[len(root.toString()) :]
+        if "/_delta_log/" in relative + "/" or not relative.endswith(".parquet"):
+            continue
+        count += 1
+        size += int(status.getLen())
+    return count, size
+
+
+def _mb(size: int) -> str:
+    return f"{size / 1e6:.1f} MB"
+
+
+__all__ = [
+    "ATTEMPTS",
+    "ORDER_BY",
+    "TableReport",
+    "maintain",
+    "tables_to_maintain",
+    "vacuum_blocker",
+]
