@@ -36,7 +36,6 @@ import functools
 import io
 import json
 import sys
-import threading
 from collections.abc import Sequence
 from typing import Any, TextIO
 
@@ -464,11 +463,7 @@ def _start_control(cfg: EngineConfig, spark: Any) -> Any:
                ["forecast", "--minutes", "1"], ["history", "--id", "-"], ["topics"],
                ["lag"])  # fmt: skip
 
-    def warm() -> None:
-        for command in reading:
-            server.run([*command, *where], None, {}, None)
-
-    threading.Thread(target=warm, name="delayq-control-warm", daemon=True).start()
+    server.warm_up([[*command, *where] for command in reading])
     return server
 
 

@@ -51,6 +51,8 @@ MAX_REQUEST_BYTES = 64 * 1024 * 1024
 #: first: each command thread shares the driver with them).
 MAX_COMMANDS = 4
 RUN_PATH = "/v1/run"
+#: Longest :meth:`ControlServer.stop` waits for a warm-up command to finish.
+STOP_WAIT_S = 60.0
 
 #: Runs one command: (arguments after ``delayq``, standard input, files it reads by name,
 #: the caller's ``user@host``) -> (exit code, standard output, standard error).
@@ -187,6 +189,8 @@ class ControlServer:
         self._server: ThreadingHTTPServer | None = None
         self._turns = threading.BoundedSemaphore(MAX_COMMANDS)
         self._thread: threading.Thread | None = None
+        self._warming: threading.Thread | None = None
+        self._stopping = threading.Event()
         self.info: EndpointInfo | None = None
 
     @property
@@ -219,8 +223,27 @@ class ControlServer:
         _write_private(endpoint_file(self.cfg), json.dumps(asdict(self.info), indent=2))
         return self
 
+    def warm_up(self, commands: list[list[str]]) -> None:
+        """Run ``commands`` once in the background (their output is dropped), so that the
+        first Spark reads of the tables are done before a user's command needs them.
+        :meth:`stop` lets the one running finish (its Spark must not stop under it) and
+        skips the rest."""
+
+        def warm() -> None:
+            for command in commands:
+                if self._stopping.is_set():
+                    return
+                self.run(command, None, {}, None)
+
+        self._warming = threading.Thread(target=warm, name="delayq-control-warm", daemon=True)
+        self._warming.start()
+
     def stop(self) -> None:
-        """Remove ``control.json`` (if it is still this engine's), then stop listening."""
+        """Remove ``control.json`` (if it is still this engine's), then stop listening; waits
+        for a warm-up command in progress (at most :data:`STOP_WAIT_S`)."""
+        self._stopping.set()
+        if self._warming is not None:
+            self._warming.join(STOP_WAIT_S)
         current = read_endpoint(self.cfg)
         if current is not None and current.token == self.token:
             endpoint_file(self.cfg).unlink(missing_ok=True)

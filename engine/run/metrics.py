@@ -242,9 +242,9 @@ class MetricsServer:
 
     def refresh(self) -> None:
         """Run the queries now, in the calling thread."""
-        if self.session is None:
-            return
         with self._refreshing:
+            if self.session is None:
+                return
             self._refreshed_at = self._clock()
             try:
                 self.collector.queried = query_figures(self.session, self.cfg)
@@ -260,7 +260,9 @@ class MetricsServer:
             threading.Thread(target=self.refresh, name="delayq-metrics", daemon=True).start()
 
     def stop(self) -> None:
-        """Stop answering."""
+        """Stop answering; waits for a refresh in progress (its Spark must not stop under it)."""
+        with self._refreshing:
+            self.session = None  # no refresh starts from now on
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
