@@ -18,10 +18,16 @@ table:
    round planned longer ago than that waits to be replayed (it reads the versions it pinned).
    The retention is at least one hour, 7 days by default.
 
+Before ``schedule`` is compacted, :func:`prune_schedule` deletes its rows delivered or
+cancelled ``maintenance.prune_after`` (7 days) before the delivery watermark, so the hot table
+stays bounded; the messages stay in ``commitlog`` and their deliveries in the topic tables.
+It records the cut on the table (``delayq.prunedBefore``) first, so a later cancel of such a
+message answers ``already_delivered`` (or ``already_cancelled``) instead of waiting for a row
+that is gone; and it prunes only once stamping has stamped everything sent before the cut.
+
 Delta's own conflict detection keeps it safe beside the engine: appends never conflict with a
-compaction, and a compaction that loses a race to another (``ConcurrentWriteException`` and
-the like) is tried again, up to :data:`ATTEMPTS` times. Nothing is deleted from a table: rows
-stay queryable (``schedule`` keeps delivered rows; pruning them is not done here).
+compaction or with the prune's ``DELETE``, and an operation that loses a race to another
+(``ConcurrentWriteException`` and the like) is tried again, up to :data:`ATTEMPTS` times.
 
 Example:
     >>> for report in maintain(spark, cfg, print):  # doctest: +SKIP
@@ -44,6 +50,8 @@ from pyspark.sql import functions as F
 from engine.core.clock import Clock, SystemClock, from_millis
 from engine.core.config import EngineConfig
 from engine.deliver.checkpoint import read_checkpoint
+from engine.deliver.commands import PRUNED_BEFORE
+from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import (
     CONCURRENT_CHANGES,
     latest_version,
@@ -54,6 +62,7 @@ from engine.lakehouse.fs import hadoop_path
 from engine.lakehouse.layout import layout
 from engine.lakehouse.offset_log import OffsetLog
 from engine.stamp.stamper import StampPlan
+from engine.stamp.writer import highest_batch
 
 #: Tries of a compaction that keeps losing races to other writers.
 ATTEMPTS = 5
@@ -146,6 +155,8 @@ def maintain(
         say(f"[{i}/{len(chosen)}] {name}: compacting, then deleting files older than "
             f"{retention_h:g} h that no version needs")  # fmt: skip
         started = time.monotonic()
+        if name == "schedule":
+            say(prune_schedule(spark, cfg, clock.now()))
         before, stored_before = _detail(spark, path), _stored(spark, path)
         _with_retries(_optimize, spark, path, order)
         after = _detail(spark, path)
@@ -166,6 +177,61 @@ def maintain(
             max(stored_before[1] - stored_after[1], 0),
             time.monotonic() - started,
         )
+
+
+def prune_schedule(spark: SparkSession, cfg: EngineConfig, now: datetime) -> str:
+    """Delete ``schedule`` rows delivered or cancelled ``maintenance.prune_after`` before the
+    delivery watermark (see the module's description); a line saying what it did.
+
+    A row is done when its deliver time and stamping batch are both at or below the
+    committed progress (it was delivered, or a command took it out before its time).
+
+    Example:
+        >>> prune_schedule(spark, cfg, now)  # doctest: +SKIP
+        'schedule: pruned 1200 rows delivered or cancelled before 2026-11-17 09:00:00+00:00'
+    """
+    if not cfg.prune_after_ms:
+        return "schedule: not pruned (maintenance.prune_after is off)"
+    lay = layout(cfg)
+    progress, _ = read_checkpoint(spark, lay)
+    if progress.round < 0:
+        return "schedule: not pruned: no delivery round has committed yet"
+    cutoff = min(progress.watermark, now) - timedelta(milliseconds=cfg.prune_after_ms)
+    behind = _stamping_behind(spark, cfg, cutoff)
+    if behind is not None:
+        return f"schedule: not pruned: {behind}"
+    table = ArrowDelta(lay.schedule)
+    recorded = table.table_property(PRUNED_BEFORE)
+    if recorded is None or datetime.fromisoformat(recorded) < cutoff:
+        # First: a command that finds no row of a message sent before it reads this.
+        record = (f"ALTER TABLE delta.`{lay.schedule}` SET TBLPROPERTIES "
+                  f"('{PRUNED_BEFORE}' = '{cutoff.isoformat()}')")  # fmt: skip
+        _with_retries(spark.sql, record)
+    done = (F.col("deliver_ts") < F.lit(cutoff)) & (
+        F.coalesce(F.col("stamp_batch"), F.lit(-1)) <= F.lit(progress.stamp_batch)
+    )
+    _with_retries(DeltaTable.forPath(spark, lay.schedule).delete, done)
+    metrics = DeltaTable.forPath(spark, lay.schedule).history(1).first()
+    deleted = 0
+    if metrics is not None and metrics["operation"] == "DELETE":
+        deleted = int((metrics["operationMetrics"] or {}).get("numDeletedRows", 0))
+    return f"schedule: pruned {deleted} rows delivered or cancelled before {cutoff}"
+
+
+def _stamping_behind(spark: SparkSession, cfg: EngineConfig, cutoff: datetime) -> str | None:
+    """Why stamping may not have stamped every ``commitlog`` row sent before ``cutoff``."""
+    lay = layout(cfg)
+    last, rows, _ = OffsetLog(spark, lay.checkpoint("stamp") + "/batches").latest()
+    if last is None or not rows:
+        return _NOT_STAMPED
+    plan = StampPlan.from_row(rows[0])
+    started = _commit_time(spark, lay.commitlog, plan.start.version)
+    if started is not None and started >= cutoff:
+        return None  # every version committed before the cutoff precedes the newest batch
+    latest = latest_version(spark, lay.commitlog)
+    if plan.end.version >= latest and highest_batch(ArrowDelta(lay.schedule)) >= plan.batch:
+        return None  # the newest batch reached the end of commitlog, and it landed
+    return f"stamping has not stamped every message sent before {cutoff} yet"
 
 
 def vacuum_blocker(
@@ -264,6 +330,7 @@ __all__ = [
     "ORDER_BY",
     "TableReport",
     "maintain",
+    "prune_schedule",
     "tables_to_maintain",
     "vacuum_blocker",
 ]

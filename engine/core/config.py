@@ -264,6 +264,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "metrics.port": ("metrics_port", _port),
     "metrics.refresh_interval": ("metrics_refresh_ms", _duration),
     "maintenance.retention": ("maintenance_retention_ms", _duration),
+    "maintenance.prune_after": ("prune_after_ms", _duration_or_off),
 }
 
 
@@ -327,6 +328,8 @@ class EngineConfig:
             due time) are refreshed.
         maintenance_retention_ms: ``delayq maintain`` deletes data files no table version
             within this long needs (at least an hour).
+        prune_after_ms: ``delayq maintain`` deletes ``schedule`` rows delivered or cancelled
+            this long before the delivery watermark (0: never; at least the dedup window).
     """
 
     lakehouse: str = "lakehouse"
@@ -369,6 +372,7 @@ class EngineConfig:
     metrics_port: int = 0
     metrics_refresh_ms: int = 15_000
     maintenance_retention_ms: int = 7 * 86_400_000
+    prune_after_ms: int = 7 * 86_400_000
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lakehouse", _local_path("lakehouse.path", self.lakehouse))
@@ -384,6 +388,13 @@ class EngineConfig:
                 "maintenance.retention",
                 f"{self.maintenance_retention_ms}ms",
                 "must be at least 1h: a replayed round reads the version it planned from",
+            )
+        if 0 < self.prune_after_ms < self.dedup_window_ms:
+            raise ConfigError(
+                "maintenance.prune_after",
+                f"{self.prune_after_ms}ms",
+                f"must be 0 (off) or at least messages.dedup_window ({self.dedup_window_ms}ms): "
+                "a restart rebuilds the deduplication index from schedule",
             )
         longest = max(self.levels.delays_ms)
         if 0 < self.dedup_window_ms < longest:

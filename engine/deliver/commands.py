@@ -136,6 +136,9 @@ class CommandTables:
         )
 
 
+#: The ``schedule`` table property maintenance sets when it prunes: rows of messages sent
+#: before this time (ISO-8601) may be gone because they were delivered or cancelled.
+PRUNED_BEFORE = "delayq.prunedBefore"
 _COMMAND_COLUMNS = ["command_id", "action", "msg_id", "key", "topic", "deliver_at", "issued_ts"]
 _TARGET_COLUMNS = ["msg_id", "revision", "topic", "keys", "queue_id", "deliver_ts", "stamp_batch"]
 RESULTS_SCHEMA = to_arrow_schema(COMMAND_RESULTS, timezone="UTC")
@@ -222,6 +225,34 @@ def unstamped(
     return sent, {r["msg_id"]: r["reason"] for r in found}
 
 
+def pruned_ids(tables: CommandTables, sent: Iterable[str], round_: int) -> dict[str, bool]:
+    """Of ``sent`` ids found in no ``schedule`` row, those whose rows maintenance pruned: sent
+    before the ``delayq.prunedBefore`` time it records on ``schedule`` (stamping had stamped
+    everything sent before it). Each with whether its last revision was taken out of delivery
+    by a command (cancelled) rather than delivered.
+    """
+    ids = sorted(set(sent))
+    cutoff = tables.schedule.table_property(PRUNED_BEFORE) if ids else None
+    if cutoff is None:
+        return {}
+    before = datetime.fromisoformat(cutoff)
+    stored = _lookup(tables.commitlog, ids, ["msg_id", "store_ts"]).to_pylist()
+    gone = sorted({r["msg_id"] for r in stored if r["store_ts"] and _utc(r["store_ts"]) < before})
+    outcomes = _results(
+        tables.results,
+        round_,
+        columns=["msg_id", "revision", "result", "new_revision"],
+        where=ds.field("result").isin(list(REMOVING)) & ds.field("msg_id").isin(gone),
+    )
+    last = dict.fromkeys(gone, 0)  # each message's last revision, and those removed
+    removed: set[tuple[str, int]] = set()
+    for r in [] if outcomes is None else outcomes.to_pylist():
+        removed.add((r["msg_id"], int(r["revision"] or 0)))
+        if r["result"] == RESCHEDULED and r["new_revision"] is not None:
+            last[r["msg_id"]] = max(last[r["msg_id"]], int(r["new_revision"]))
+    return {m: (m, last[m]) in removed for m in gone}
+
+
 def removed_before(
     tables: CommandTables, round_: int, msg_ids: Iterable[str]
 ) -> set[tuple[str, int]]:
@@ -282,6 +313,7 @@ def resolve(
     now: datetime,
     sent: set[str] | None = None,
     refused: Mapping[str, str] | None = None,
+    pruned: Mapping[str, bool] | None = None,
 ) -> Resolution:
     """Decide what each open command does; a pure function of its inputs.
 
@@ -297,9 +329,12 @@ def resolve(
         sent: ids (of commands by id that match no row) found in ``commitlog``: such a
             command waits for its message to be stamped.
         refused: the quarantine reason of those ids the engine refused.
+        pruned: of the ``sent`` ids, those whose rows maintenance deleted from ``schedule``
+            (delivered or cancelled long ago), each with whether a command had removed it.
     """
     sent = sent or set()
     refused = refused or {}
+    pruned = pruned or {}
     live: dict[tuple[str, int], Target] = {}
     delivered: set[tuple[str, int]] = set()
     revisions: dict[str, int] = {}
@@ -365,6 +400,11 @@ def resolve(
         elif command["msg_id"] in refused:
             detail = f"{what} was quarantined: {refused[command['msg_id']]}"
             record(command, NOT_FOUND, None, detail=detail)
+        elif command["msg_id"] in pruned:
+            how = "cancelled or moved" if pruned[command["msg_id"]] else "delivered"
+            detail = f"{what} was {how} long ago (its schedule rows are pruned)"
+            result = ALREADY_CANCELLED if pruned[command["msg_id"]] else ALREADY_DELIVERED
+            record(command, result, None, detail=detail)
         elif command["msg_id"] in sent:
             waiting += 1  # sent, not stamped yet: ask again next round
         elif command["msg_id"]:
@@ -437,6 +477,7 @@ __all__ = [
     "CANCELLED",
     "NOT_FOUND",
     "PENDING",
+    "PRUNED_BEFORE",
     "REMOVING",
     "RESCHEDULE",
     "RESCHEDULED",
@@ -446,6 +487,7 @@ __all__ = [
     "Resolution",
     "Target",
     "open_commands",
+    "pruned_ids",
     "removed_before",
     "rescheduled_rows",
     "resolve",

@@ -66,6 +66,7 @@ from engine.deliver.commands import (
     CommandTables,
     Resolution,
     open_commands,
+    pruned_ids,
     removed_before,
     rescheduled_rows,
     resolve,
@@ -314,9 +315,11 @@ class Delivery:
         unmatched = {c["msg_id"] for c in commands if c["msg_id"] and c["msg_id"] not in found}
         sent: set[str] = set()
         refused: dict[str, str] = {}
+        pruned: dict[str, bool] = {}
         if unmatched:
             sent, refused = unstamped(self._tables, unmatched, self._sent_ids)
             self._sent_ids |= sent
+            pruned = pruned_ids(self._tables, sent - set(refused), plan.round)
         resolution = resolve(
             commands,
             rows,
@@ -327,6 +330,7 @@ class Delivery:
             self.clock.now(),
             sent,
             refused,
+            pruned,
         )
         self._open_commands = resolution.waiting > 0
         return resolution

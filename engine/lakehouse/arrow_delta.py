@@ -237,6 +237,21 @@ class ArrowDelta:
                         return int(table.version())
         return int(table.version())
 
+    def table_property(self, name: str) -> str | None:
+        """A table property (``TBLPROPERTIES``) of the latest version (``None``: not set, or
+        no table).
+
+        Example:
+            >>> ArrowDelta("/lake/schedule").table_property("delayq.prunedBefore")  # doctest: +SKIP
+            '2026-11-17T09:00:00+00:00'
+        """
+        with self._lock:
+            table = self._latest_table()
+            if table is None:
+                return None
+            value = table.metadata().configuration.get(name)
+            return None if value is None else str(value)
+
     def txn_version(self, app_id: str) -> int | None:
         """The highest ``txnVersion`` recorded for ``app_id`` (``None``: none, or no table)."""
         with self._lock:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from engine.control.commands import cancel, reschedule
 from engine.control.maintain import maintain
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
@@ -137,3 +138,67 @@ def test_tables_the_engine_may_read_again_are_not_vacuumed(
     assert f"delivery round 0, planned at {START + timedelta(seconds=1)}" in skipped[
         "schedule"
     ].replace("T", " ")
+
+
+def test_pruned_schedule_rows_stay_delivered_and_commands_still_answer(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    cfg = cfg.with_overrides(
+        maintenance_retention_ms=HOUR_MS, prune_after_ms=HOUR_MS, dedup_window_ms=10_000
+    )
+    lay = layout(cfg)
+    delivered = send_many(spark, cfg, [Message("orders", f"d{i}", delay_level=1) for i in range(3)],
+                          clock)  # fmt: skip
+    dropped, far, tick = send_many(
+        spark,
+        cfg,
+        [
+            Message("orders", "dropped", delay_level=3),
+            Message("orders", "far", delay="5h"),
+            Message("orders", "tick", delay="2h"),
+        ],
+        clock,
+    )
+    (moved,) = send_many(spark, cfg, [Message("orders", "moved", delay_level=1)], clock)
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()
+    assert cancel(spark, cfg, dropped, wait=0, clock=clock).status == "pending"
+    assert reschedule(spark, cfg, moved, delay="10s", wait=0, clock=clock).status == "pending"
+    clock.advance(seconds=3)
+    engine.step()
+    clock.advance(seconds=10)
+    engine.step()  # the moved message, delivered at its new time
+    clock.advance(
+        seconds=2 * 3600
+    )  # the watermark moves 2 h on: the rows due then are an hour older
+    engine.step()  # (delivering the tick commits it)
+    before = spark.read.format("delta").load(lay.schedule).count()
+
+    lines: list[str] = []
+    list(maintain(spark, cfg, lines.append, only={"schedule"}, clock=clock))
+    assert "schedule: pruned 6 rows delivered or cancelled before" in "\n".join(lines), lines
+    left = sorted(r["msg_id"] for r in spark.read.format("delta").load(lay.schedule).collect())
+    assert (before, left) == (8, sorted([far, tick])), "the pending row and the recent one stay"
+
+    # A command for a pruned message answers at once, as it would have before the prune.
+    assert cancel(spark, cfg, delivered[0], wait=0, clock=clock).status == "pending"
+    assert cancel(spark, cfg, dropped, wait=0, clock=clock).status == "pending"
+    assert cancel(spark, cfg, moved, wait=0, clock=clock).status == "pending"
+    engine.step()
+    answers = {r["msg_id"]: (r["result"], r["detail"]) for r in spark.read.format("delta")
+               .load(lay.command_results).where("round = (SELECT max(round) FROM "
+               f"delta.`{lay.command_results}`)").collect()}  # fmt: skip
+    assert answers == {
+        delivered[0]: ("already_delivered", f"message {delivered[0]} was delivered long ago "
+                       "(its schedule rows are pruned)"),
+        dropped: ("already_cancelled", f"message {dropped} was cancelled or moved long ago "
+                  "(its schedule rows are pruned)"),
+        moved: ("already_delivered", f"message {moved} was delivered long ago "
+                "(its schedule rows are pruned)"),
+    }  # fmt: skip
+
+    restarted = quiet_engine(spark, cfg, clock)  # nothing delivered again after a restart
+    clock.advance(seconds=4 * 3600)
+    restarted.step()
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), [*delivered, moved, far, tick])
+    assert restarted.status().idle
