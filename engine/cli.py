@@ -174,6 +174,14 @@ def _parser() -> argparse.ArgumentParser:
         "--table", action="append", metavar="NAME",
         help="only this table (schedule, commitlog, topics/orders, ...; repeatable)",
     )  # fmt: skip
+    keep.add_argument(
+        "--full",
+        action="store_true",
+        help="VACUUM by listing the files (also those a crashed writer left)",
+    )
+    keep.add_argument("--vacuum-topics", action="store_true",
+                      help="VACUUM topic tables too (no consumer stream stopped for longer "
+                           "than maintenance.retention)")  # fmt: skip
     return parser
 
 
@@ -584,7 +592,10 @@ def cmd_maintain(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 f"no table {', '.join(unknown)} in {cfg.lakehouse_path}: "
                 f"choose from {', '.join(sorted(known))}"
             )
-    reports = list(maintain(spark, cfg, lambda line: print(line, flush=True), only))
+    reports = list(
+        maintain(spark, cfg, lambda line: print(line, flush=True), only,
+                 full=args.full, vacuum_topics=args.vacuum_topics)
+    )  # fmt: skip
     for report in reports:
         print(report.line())
     before = sum(r.files_before for r in reports)

@@ -16,7 +16,9 @@ table:
    while stamping has not read past a version committed longer ago than the retention (its
    newest batch is read again at a restart), ``schedule`` and ``commands`` while a delivery
    round planned longer ago than that waits to be replayed (it reads the versions it pinned).
-   The retention is at least one hour, 7 days by default.
+   The retention is at least one hour, 7 days by default. Topic tables are vacuumed only
+   when asked (``vacuum_topics``): a consumer group's Spark stream reads them version by
+   version, and one stopped for longer than the retention would find files gone.
 
 Before ``schedule`` is compacted, :func:`prune_schedule` deletes its rows delivered or
 cancelled ``maintenance.prune_after`` (7 days) before the delivery watermark, so the hot table
@@ -37,6 +39,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -64,6 +67,8 @@ from engine.lakehouse.offset_log import OffsetLog
 from engine.stamp.stamper import StampPlan
 from engine.stamp.writer import highest_batch
 
+#: How much earlier than its commit a row's ``store_ts`` may be (taken before the write).
+STORE_SLACK = timedelta(minutes=10)
 #: Tries of a compaction that keeps losing races to other writers.
 ATTEMPTS = 5
 #: The column each table's compaction orders rows by (the engine's readers skip on it).
@@ -134,6 +139,8 @@ def maintain(
     say: Callable[[str], None] = print,
     only: set[str] | None = None,
     clock: Clock | None = None,
+    full: bool = False,
+    vacuum_topics: bool = False,
 ) -> Iterator[TableReport]:
     """Compact and clean up each table (see the module's description), one report each.
 
@@ -143,6 +150,11 @@ def maintain(
         say: where progress goes (a line as each table starts).
         only: maintain only these tables (names as :func:`tables_to_maintain` gives them).
         clock: for the retention's cutoff (the system clock by default).
+        full: VACUUM by listing every file under each table (also removes files a crashed
+            writer left without committing them; slower) instead of from the Delta log.
+        vacuum_topics: VACUUM topic tables too. Off by default: a consumer group reading
+            with a Spark stream (``consume_stream``) that is stopped for longer than the
+            retention would find the files of its next versions gone.
     """
     clock = clock or SystemClock()
     retention_h = cfg.maintenance_retention_ms / 3_600_000
@@ -151,18 +163,21 @@ def maintain(
         # Delta refuses a retention below its default 7 days unless told the caller knows.
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
     chosen = [t for t in tables_to_maintain(spark, cfg) if only is None or t[0] in only]
+    if any(name == "schedule" for name, _, _ in chosen):
+        # Before any compaction: commitlog's own would look like news to stamping.
+        say(prune_schedule(spark, cfg, clock.now()))
     for i, (name, path, order) in enumerate(chosen, 1):
         say(f"[{i}/{len(chosen)}] {name}: compacting, then deleting files older than "
             f"{retention_h:g} h that no version needs")  # fmt: skip
         started = time.monotonic()
-        if name == "schedule":
-            say(prune_schedule(spark, cfg, clock.now()))
-        before, stored_before = _detail(spark, path), _stored(spark, path)
-        _with_retries(_optimize, spark, path, order)
+        before = _detail(spark, path)
+        if before[0] > 1:  # one file or none: nothing to compact
+            _with_retries(_optimize, spark, path, order)
         after = _detail(spark, path)
-        blocker = vacuum_blocker(spark, cfg, name, cutoff)
+        stored_before = _stored(spark, path)
+        blocker = vacuum_blocker(spark, cfg, name, cutoff, vacuum_topics)
         if blocker is None:
-            DeltaTable.forPath(spark, path).vacuum(retention_h)
+            _vacuum(spark, path, retention_h, full)
         else:
             say(f"{name}: not vacuumed: {blocker}")
         stored_after = _stored(spark, path)
@@ -207,7 +222,9 @@ def prune_schedule(spark: SparkSession, cfg: EngineConfig, now: datetime) -> str
         record = (f"ALTER TABLE delta.`{lay.schedule}` SET TBLPROPERTIES "
                   f"('{PRUNED_BEFORE}' = '{cutoff.isoformat()}')")  # fmt: skip
         _with_retries(spark.sql, record)
-    done = (F.col("deliver_ts") < F.lit(cutoff)) & (
+    # Both times before the cut: a timer sent with a past deliver time is taken (for
+    # deduplication) from its store time, and commands find it by that time too.
+    done = (F.greatest(F.col("deliver_ts"), F.col("store_ts")) < F.lit(cutoff)) & (
         F.coalesce(F.col("stamp_batch"), F.lit(-1)) <= F.lit(progress.stamp_batch)
     )
     _with_retries(DeltaTable.forPath(spark, lay.schedule).delete, done)
@@ -226,16 +243,30 @@ def _stamping_behind(spark: SparkSession, cfg: EngineConfig, cutoff: datetime) -
         return _NOT_STAMPED
     plan = StampPlan.from_row(rows[0])
     started = _commit_time(spark, lay.commitlog, plan.start.version)
-    if started is not None and started >= cutoff:
+    # A row's store time is taken a moment before its commit: keep a margin.
+    if started is not None and started >= cutoff + STORE_SLACK:
         return None  # every version committed before the cutoff precedes the newest batch
-    latest = latest_version(spark, lay.commitlog)
-    if plan.end.version >= latest and highest_batch(ArrowDelta(lay.schedule)) >= plan.batch:
+    # The newest batch ends at its end position (exclusive); later versions that only
+    # compact (OPTIMIZE) bring nothing to stamp.
+    later = (
+        DeltaTable.forPath(spark, lay.commitlog)
+        .history()
+        .where(F.col("version") >= plan.end.version)
+        .select("version", "operation")
+        .collect()
+    )
+    fresh = [r for r in later if r["operation"] != "OPTIMIZE"]
+    if not fresh and highest_batch(ArrowDelta(lay.schedule)) >= plan.batch:
         return None  # the newest batch reached the end of commitlog, and it landed
     return f"stamping has not stamped every message sent before {cutoff} yet"
 
 
 def vacuum_blocker(
-    spark: SparkSession, cfg: EngineConfig, name: str, cutoff: datetime
+    spark: SparkSession,
+    cfg: EngineConfig,
+    name: str,
+    cutoff: datetime,
+    vacuum_topics: bool = False,
 ) -> str | None:
     """Why ``name`` must not be vacuumed now (``None``: it may be): the engine may still read
     a version whose files a VACUUM with this cutoff would delete.
@@ -245,6 +276,11 @@ def vacuum_blocker(
         'stamping has not read past version 12, committed before the retention ...'
     """
     lay = layout(cfg)
+    if name.startswith("topics/") and not vacuum_topics:
+        return (
+            "a consumer group's Spark stream (consume_stream) may still read its older "
+            "versions: --vacuum-topics once none is stopped for longer than the retention"
+        )
     if name == "commitlog":
         last, rows, _ = OffsetLog(spark, lay.checkpoint("stamp") + "/batches").latest()
         if last is None or not rows:
@@ -279,6 +315,21 @@ def _commit_time(spark: SparkSession, path: str, version: int) -> datetime | Non
         .first()
     )
     return None if row is None else from_millis(int(row["ms"]))
+
+
+def _vacuum(spark: SparkSession, path: str, retention_h: float, full: bool) -> None:
+    """VACUUM: from the Delta log (``LITE``, seconds) unless ``full`` or the log no longer
+    reaches the last vacuum (then Delta asks for a full one)."""
+    hours = math.ceil(retention_h)
+    statement = f"VACUUM delta.`{path}` RETAIN {hours} HOURS"
+    if not full:
+        try:
+            _with_retries(lambda: spark.sql(f"{statement} LITE").collect())
+            return
+        except Exception as err:
+            if "VACUUM_LITE" not in str(err):
+                raise
+    _with_retries(lambda: spark.sql(statement).collect())
 
 
 def _optimize(spark: SparkSession, path: str, order: str | None) -> None:
