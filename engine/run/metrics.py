@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -121,23 +121,18 @@ class EngineCollector(Collector):
             "delayq_rounds_committed", "Rounds that committed progress.", stats.committed
         )
         yield _counter("delayq_round_errors", "Rounds that failed and were retried.", stats.errors)
-        stages = CounterMetricFamily(
-            "delayq_round_stage_seconds", "Time spent per round stage.", labels=["stage"]
-        )
-        for stage, seconds in sorted(stats.stage_seconds.items()):
-            stages.add_metric([stage], seconds)
-        yield stages
+        yield _labelled(
+            "delayq_round_stage_seconds", "Time spent per round stage.", "stage",
+            stats.stage_seconds,
+        )  # fmt: skip
         yield GaugeMetricFamily(
             "delayq_last_round_seconds",
             "Wall time of the last round that delivered rows.",
             value=stats.last_round_seconds,
         )
-        delivered = CounterMetricFamily(
-            "delayq_delivered", "Rows written to topic tables.", labels=["topic"]
+        yield _labelled(
+            "delayq_delivered", "Rows written to topic tables.", "topic", stats.per_topic
         )
-        for topic, n in sorted(stats.per_topic.items()):
-            delivered.add_metric([topic], n)
-        yield delivered
         late = stats.lateness
         histogram = HistogramMetricFamily(
             "delayq_delivery_lateness_seconds",
@@ -169,12 +164,9 @@ class EngineCollector(Collector):
             )
         yield _counter("delayq_stamped", "Rows stamped into schedule.", stamping.scheduled)
         yield _counter("delayq_quarantined", "Rows the engine refused.", stamping.quarantined)
-        commands = CounterMetricFamily(
-            "delayq_commands", "Cancel and reschedule outcomes.", labels=["result"]
+        yield _labelled(
+            "delayq_commands", "Cancel and reschedule outcomes.", "result", stats.commands
         )
-        for result, n in sorted(stats.commands.items()):
-            commands.add_metric([result], n)
-        yield commands
         lag = GaugeMetricFamily(
             "delayq_consumer_lag",
             "Rows delivered to a topic and not yet committed by a group.",
@@ -270,6 +262,14 @@ class MetricsServer:
 
 def _counter(name: str, text: str, value: float) -> CounterMetricFamily:
     return CounterMetricFamily(name, text, value=value)
+
+
+def _labelled(name: str, text: str, label: str, values: Mapping[str, float]) -> Metric:
+    """A counter family with one sample per key of ``values``."""
+    family = CounterMetricFamily(name, text, labels=[label])
+    for key, value in sorted(values.items()):
+        family.add_metric([key], value)
+    return family
 
 
 __all__ = ["EngineCollector", "MetricsServer", "Queried", "query_figures"]
