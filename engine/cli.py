@@ -396,7 +396,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
             f"({cfg.levels.source}), database {cfg.database}"
         )
-        control = metrics = None
+        control = metrics = upkeep = None
 
         def send_demo() -> None:
             ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
@@ -409,6 +409,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
         try:
             control = _start_control(cfg, spark)
             metrics = _start_metrics(cfg, spark, engine)
+            upkeep = _start_upkeep(cfg, spark)
             final = engine.run(
                 until_idle=args.until_idle,
                 max_seconds=args.max_seconds,
@@ -416,7 +417,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 stop=signals.requested,
             )
         finally:
-            for server in (control, metrics):
+            for server in (upkeep, control, metrics):
                 if server is not None:
                     server.stop()
     if args.show:
@@ -426,6 +427,21 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
         print(f"\n{final.quarantined} messages are in quarantine: {where}")
     print(f"\nQuery the topics in SQL: SELECT * FROM {cfg.database}.<topic>  (see README)")
     return 0
+
+
+def _start_upkeep(cfg: EngineConfig, spark: Any) -> Any:
+    """Run maintenance every ``maintenance.interval`` (off by default); the schedule, or None."""
+    if not cfg.maintenance_interval_ms:
+        return None
+    from engine.run.upkeep import Upkeep, maintain_once
+
+    session = spark.newSession()  # its settings (VACUUM's retention check) stay its own
+    every = cfg.maintenance_interval_ms / 1000
+    print(f"delayq: maintenance every {every:g} s (maintenance.interval)")
+    return Upkeep(
+        lambda: maintain_once(session, cfg, lambda line: print(f"maintain: {line}", flush=True)),
+        every,
+    ).start()
 
 
 def _start_metrics(cfg: EngineConfig, spark: Any, engine: Any) -> Any:

@@ -265,6 +265,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "metrics.refresh_interval": ("metrics_refresh_ms", _duration),
     "maintenance.retention": ("maintenance_retention_ms", _duration),
     "maintenance.prune_after": ("prune_after_ms", _duration_or_off),
+    "maintenance.interval": ("maintenance_interval_ms", _duration_or_off),
 }
 
 
@@ -330,6 +331,8 @@ class EngineConfig:
             within this long needs (at least an hour).
         prune_after_ms: ``delayq maintain`` deletes ``schedule`` rows delivered or cancelled
             this long before the delivery watermark (0: never; at least the dedup window).
+        maintenance_interval_ms: a running engine does ``delayq maintain``'s work this often
+            (0: never, the default; at least 10 minutes).
     """
 
     lakehouse: str = "lakehouse"
@@ -373,6 +376,7 @@ class EngineConfig:
     metrics_refresh_ms: int = 15_000
     maintenance_retention_ms: int = 7 * 86_400_000
     prune_after_ms: int = 7 * 86_400_000
+    maintenance_interval_ms: int = 0
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "lakehouse", _local_path("lakehouse.path", self.lakehouse))
@@ -388,6 +392,12 @@ class EngineConfig:
                 "maintenance.retention",
                 f"{self.maintenance_retention_ms}ms",
                 "must be at least 1h: a replayed round reads the version it planned from",
+            )
+        if 0 < self.maintenance_interval_ms < 600_000:
+            raise ConfigError(
+                "maintenance.interval",
+                f"{self.maintenance_interval_ms}ms",
+                "must be 0 (off) or at least 10m: each run compacts every table",
             )
         if 0 < self.prune_after_ms < self.dedup_window_ms:
             raise ConfigError(
