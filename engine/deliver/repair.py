@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from datetime import datetime, timedelta
 
 import pyarrow as pa
@@ -27,7 +28,12 @@ from engine.core.errors import CheckpointError
 from engine.deliver.checkpoint import Plan, Progress
 from engine.deliver.due import TS
 from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import latest_version, list_topics
+from engine.lakehouse.delta_log import (
+    CONCURRENT_CHANGES,
+    WRITE_ATTEMPTS,
+    latest_version,
+    list_topics,
+)
 from engine.lakehouse.layout import Layout
 
 
@@ -103,7 +109,16 @@ def correct_deliver_timestamps(
     too_late = too_late & (F.col("deliver_ts") > F.lit(floor))
     table = DeltaTable.forPath(spark, layout.schedule)
     before = latest_version(spark, layout.schedule)
-    table.update(condition=too_late, set={"deliver_ts": F.lit(due_at)})
+    for attempt in range(1, WRITE_ATTEMPTS + 1):
+        try:
+            table.update(condition=too_late, set={"deliver_ts": F.lit(due_at)})
+            break
+        except CONCURRENT_CHANGES:
+            # `delayq maintain` compacted or pruned the same files: nothing was committed,
+            # and the update finds the same rows again.
+            if attempt == WRITE_ATTEMPTS:
+                raise
+            time.sleep(0.5 * attempt)
     last = table.history(1).select("version", "operation", "operationMetrics").first()
     if last is None or last["version"] == before or last["operation"] != "UPDATE":
         return 0
