@@ -22,12 +22,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
+from engine.core.clock import epoch_micros
 from engine.lakehouse.live_files import DataFile, LiveFiles
 
 #: A position in a topic table: (delivery round, deliver time in epoch µs, message id).
 Position = tuple[int, int, str]
 ORDER = ("delivery_round", "deliver_ts", "msg_id")
-_US = pa.timestamp("us", tz="UTC")
 #: Delivery order, nulls first as Spark's ascending sort puts them.
 _ORDER = [(c, "ascending", "at_start") for c in ("delivery_round", "deliver_us", "msg_id")]
 
@@ -60,7 +60,7 @@ class TopicReader:
         # The order columns first, so a consumer far behind holds its next `limit` rows,
         # not its whole backlog; then those rows in full.
         keys = files.to_table(columns=list(ORDER), filter=where)
-        keys = keys.append_column("deliver_us", _micros(keys["deliver_ts"]))
+        keys = keys.append_column("deliver_us", epoch_micros(keys["deliver_ts"]))
         if position is not None:
             keys = keys.filter(_after(keys, position))
         chosen = keys.take(pc.sort_indices(keys, sort_keys=_ORDER)[:limit])
@@ -71,7 +71,7 @@ class TopicReader:
             pc.unique(chosen["msg_id"])
         )
         rows = files.to_table(filter=wanted)
-        rows = rows.append_column("deliver_us", _micros(rows["deliver_ts"]))
+        rows = rows.append_column("deliver_us", epoch_micros(rows["deliver_ts"]))
         if position is not None:
             rows = rows.filter(_after(rows, position))
         rows = rows.take(pc.sort_indices(rows, sort_keys=_ORDER))
@@ -89,10 +89,6 @@ class TopicReader:
 
         self.files.retire(version, done=done)
         self._retired_below = max(self._retired_below, first)
-
-
-def _micros(column: pa.ChunkedArray) -> pa.ChunkedArray:
-    return pc.cast(pc.cast(column, _US), pa.int64())
 
 
 def _after(rows: pa.Table, position: Position) -> pa.ChunkedArray:

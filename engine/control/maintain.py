@@ -52,6 +52,7 @@ from pyspark.sql import functions as F
 
 from engine.core.clock import Clock, SystemClock, from_millis
 from engine.core.config import EngineConfig
+from engine.core.errors import DelayQError
 from engine.deliver.checkpoint import read_checkpoint
 from engine.deliver.commands import PRUNED_BEFORE
 from engine.lakehouse.arrow_delta import ArrowDelta
@@ -149,6 +150,9 @@ def maintain(
         cfg: ``maintenance.retention`` and the lakehouse.
         say: where progress goes (a line as each table starts).
         only: maintain only these tables (names as :func:`tables_to_maintain` gives them).
+
+    Raises:
+        DelayQError: ``only`` names a table the lakehouse does not have (before any work).
         clock: for the retention's cutoff (the system clock by default).
         full: VACUUM by listing every file under each table (also removes files a crashed
             writer left without committing them; slower) instead of from the Delta log.
@@ -162,7 +166,14 @@ def maintain(
     if retention_h < 168:
         # Delta refuses a retention below its default 7 days unless told the caller knows.
         spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
-    chosen = [t for t in tables_to_maintain(spark, cfg) if only is None or t[0] in only]
+    tables = tables_to_maintain(spark, cfg)
+    unknown = sorted(set(only or ()) - {name for name, _, _ in tables})
+    if unknown:
+        raise DelayQError(
+            f"no table {', '.join(unknown)} in {cfg.lakehouse_path}: "
+            f"choose from {', '.join(sorted(name for name, _, _ in tables))}"
+        )
+    chosen = [t for t in tables if only is None or t[0] in only]
     if any(name == "schedule" for name, _, _ in chosen):
         # Before any compaction: commitlog's own would look like news to stamping.
         say(prune_schedule(spark, cfg, clock.now()))

@@ -43,7 +43,7 @@ import pyarrow.dataset as ds
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from engine.core.arrow_lists import entry_rows
-from engine.core.clock import from_micros, from_millis, to_millis
+from engine.core.clock import epoch_micros, from_micros, from_millis, to_millis
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import Layout
 from schemas import COMMAND_RESULTS
@@ -192,7 +192,7 @@ def targets(
         rows = snapshot.to_table(columns=_TARGET_COLUMNS, filter=ds.field("msg_id").isin(ids))
     else:
         return []
-    deliver_us = _micros(rows["deliver_ts"])
+    deliver_us = epoch_micros(rows["deliver_ts"])
     return [
         Target(
             r["msg_id"],
@@ -294,13 +294,6 @@ def _lookup(table: ArrowDelta, ids: Sequence[str], columns: list[str]) -> pa.Tab
 def _utc(when: datetime) -> datetime:
     """A timestamp read from a table as an aware UTC datetime (Delta's timestamps are UTC)."""
     return when if when.tzinfo is not None else when.replace(tzinfo=UTC)
-
-
-def _micros(times: pa.ChunkedArray) -> pa.ChunkedArray:
-    """Microseconds since the epoch of a timestamp column."""
-    unit = times.type.unit
-    scaled = times.cast(pa.timestamp("us", times.type.tz)) if unit != "us" else times
-    return scaled.cast(pa.int64())
 
 
 def resolve(

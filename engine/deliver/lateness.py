@@ -23,7 +23,7 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 
-from engine.core.clock import to_micros
+from engine.core.clock import epoch_micros, to_micros
 
 #: Upper bounds of the buckets in seconds (a row counts in the first bound it is at or below;
 #: anything later in a last, unbounded bucket), as Prometheus histograms count them.
@@ -56,7 +56,7 @@ class Lateness:
         """
         if len(deliver_ts) == 0:
             return cls()
-        due_us = np.asarray(deliver_ts.cast(pa.timestamp("us", "UTC")).cast(pa.int64()))
+        due_us = np.asarray(epoch_micros(deliver_ts))
         late_s = np.maximum(to_micros(delivered) - due_us, 0) / 1e6
         buckets = np.searchsorted(np.asarray(LATENESS_BOUNDS), late_s, side="left")
         counts = np.bincount(buckets, minlength=len(LATENESS_BOUNDS) + 1)

@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 import time
+from collections import Counter
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -187,7 +188,7 @@ class Delivery:
         ):
             self.progress = count_stamped(self.spark, self.layout, self.progress)
         # delta-rs, no Spark job at start: is there any command, any removed row?
-        commands = ArrowDelta(self.layout.commands)
+        commands = self._tables.commands
         version = commands.latest()
         self._open_commands = version >= 0 and commands.dataset(version).count_rows() > 0
         # No command up to this version: a later one is the first worth a look.
@@ -469,9 +470,7 @@ class Delivery:
         lateness: Lateness | None = None,
         resolution: Resolution | None = None,
     ) -> RoundResult:
-        decided: dict[str, int] = {}
-        for r in resolution.results if resolution else []:
-            decided[r["result"]] = decided.get(r["result"], 0) + 1
+        decided = Counter(r["result"] for r in (resolution.results if resolution else []))
         return RoundResult(
             round=round_,
             watermark=plan.watermark,
@@ -484,7 +483,7 @@ class Delivery:
             rows_read=found.rows if found else 0,
             stages=dict(self._stages),
             lateness=lateness or Lateness(),
-            commands=decided,
+            commands=dict(decided),
         )
 
 
