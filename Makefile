@@ -53,7 +53,14 @@ $(SPARK_PROPS): build/pom.xml Makefile
 	   echo "spark.sql.extensions io.delta.sql.DeltaSparkSessionExtension"; \
 	   echo "spark.sql.catalog.spark_catalog org.apache.spark.sql.delta.catalog.DeltaCatalog"; \
 	   echo "spark.sql.session.timeZone UTC"; \
-	   echo "spark.driver.extraJavaOptions -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties)"; } > $@
+	   echo "# Delta on the driver's own class path too: the SQL endpoint's JDBC sessions need it"; \
+	   echo "spark.driver.extraClassPath $$(ls $(abspath $(JARS))/*.jar | paste -sd: -)"; \
+	   echo "# Table names kept with the default lakehouse (sql.catalog = embedded): spark-sql and"; \
+	   echo "# pyspark see delayq.<topic>. delayq's own jobs point these at their lakehouse."; \
+	   echo "spark.sql.catalogImplementation hive"; \
+	   echo "spark.hadoop.javax.jdo.option.ConnectionURL jdbc:derby:;databaseName=$(abspath lakehouse)/_metastore/db;create=true"; \
+	   echo "spark.sql.warehouse.dir $(abspath lakehouse)/_warehouse"; \
+	   echo "spark.driver.extraJavaOptions -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties) -Dderby.stream.error.file=$(abspath lakehouse)/_metastore/derby.log"; } > $@
 	@echo "jars ready in $(JARS)/"
 
 kafka-jars: $(KAFKA_HOME)/lib/.resolved ## Resolve the Kafka broker's jars with Maven into .kafka/lib/

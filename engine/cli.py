@@ -396,7 +396,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             f"delayq: lakehouse {cfg.lakehouse_path}, {cfg.levels.max_level} levels "
             f"({cfg.levels.source}), database {cfg.database}"
         )
-        control = metrics = upkeep = None
+        control = metrics = upkeep = sql = None
 
         def send_demo() -> None:
             ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
@@ -410,6 +410,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             control = _start_control(cfg, spark)
             metrics = _start_metrics(cfg, spark, engine)
             upkeep = _start_upkeep(cfg, spark)
+            sql = _start_sql(cfg, spark)
             final = engine.run(
                 until_idle=args.until_idle,
                 max_seconds=args.max_seconds,
@@ -417,7 +418,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 stop=signals.requested,
             )
         finally:
-            for server in (upkeep, control, metrics):
+            for server in (sql, upkeep, control, metrics):
                 if server is not None:
                     server.stop()
     if args.show:
@@ -442,6 +443,21 @@ def _start_upkeep(cfg: EngineConfig, spark: Any) -> Any:
         lambda: maintain_once(session, cfg, lambda line: print(f"maintain: {line}", flush=True)),
         every,
     ).start()
+
+
+def _start_sql(cfg: EngineConfig, spark: Any) -> Any:
+    """Serve JDBC and Spark Connect (``sql.server.enabled``); the server, or None.
+
+    Raises:
+        ConfigError: a ``sql.server`` port cannot be listened on.
+    """
+    if not cfg.sql_server_enabled:
+        return None
+    from engine.run.sql_server import SqlServer
+
+    server = SqlServer(spark, cfg).start()
+    print(f"delayq: SQL at {server.jdbc_url} (JDBC) and {server.connect_url} (Spark Connect)")
+    return server
 
 
 def _start_metrics(cfg: EngineConfig, spark: Any, engine: Any) -> Any:

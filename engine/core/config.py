@@ -199,6 +199,10 @@ _GROUP_KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
 #: Where delivery writes a topic's messages (``kafka.sinks.<topic>``).
 SINKS = ("delta", "kafka", "both")
 
+#: Where table names live: a Hive metastore kept in the lakehouse (``embedded``), whatever
+#: catalog the user's Spark is configured with (``spark``), or each session's memory.
+SQL_CATALOGS = ("embedded", "spark", "memory")
+
 
 def _choice(*allowed: str) -> Callable[[str, object], str]:
     def parse(key: str, value: object) -> str:
@@ -251,6 +255,11 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "spark.jars_dir": ("jars_dir", _text),
     "spark.log_level": ("log_level", _text),
     "sql.register_tables": ("register_tables", _bool),
+    "sql.catalog": ("sql_catalog", _choice(*SQL_CATALOGS)),
+    "sql.server.enabled": ("sql_server_enabled", _bool),
+    "sql.server.host": ("sql_server_host", _text),
+    "sql.server.jdbc_port": ("sql_jdbc_port", _port),
+    "sql.server.connect_port": ("sql_connect_port", _port),
     "kafka.bootstrap_servers": ("kafka_bootstrap", _text),
     "kafka.ingest_topics": ("kafka_ingest_topics", _names),
     "kafka.topic_map": ("kafka_topic_map", _topic_map),
@@ -304,6 +313,13 @@ class EngineConfig:
         jars_dir: folder holding the JVM jars passed as ``spark.jars``.
         log_level: Spark log level for sessions the engine builds.
         register_tables: register topic tables by name in the session catalog.
+        sql_catalog: where the names live: ``embedded`` (a Hive metastore in
+            ``<lakehouse>/_metastore``, seen by later sessions and ``spark-sql``), ``spark``
+            (the catalog the user's Spark is configured with) or ``memory`` (per session).
+        sql_server_enabled: the engine serves JDBC (Spark's Thrift server) and Spark Connect.
+        sql_server_host: the address both listen on.
+        sql_jdbc_port: the Thrift server's port (``jdbc:hive2://host:port``).
+        sql_connect_port: Spark Connect's port (``sc://host:port``).
         spark_conf: extra Spark settings (``[spark.conf]`` in the file), on top of
             :data:`LOCAL_SPARK_CONF`.
         consumers: retry settings of every consumer group (``[consumers]``).
@@ -356,6 +372,11 @@ class EngineConfig:
     jars_dir: str = ".jars"
     log_level: str = "WARN"
     register_tables: bool = True
+    sql_catalog: str = "embedded"
+    sql_server_enabled: bool = False
+    sql_server_host: str = "127.0.0.1"
+    sql_jdbc_port: int = 10000
+    sql_connect_port: int = 15002
     spark_conf: Mapping[str, str] = field(
         default_factory=lambda: MappingProxyType(dict(LOCAL_SPARK_CONF))
     )

@@ -31,6 +31,8 @@ from engine.core.levels import parse_duration_ms
 from engine.core.topics import RESERVED_TOPICS, TOPIC_PATTERN, check_topic
 
 #: Properties the engine sets on a message it sends back (RocketMQ's names where it has one).
+#: How a duplicate's quarantine reason starts (``history`` calls such rows ``duplicate``).
+DUPLICATE = "duplicate: "
 PROP_RETRY_TOPIC = "RETRY_TOPIC"
 PROP_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
 PROP_RECONSUME_TIME = "RECONSUME_TIME"

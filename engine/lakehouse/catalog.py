@@ -29,11 +29,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from engine.core.config import EngineConfig
+from engine.core.errors import SetupError
 from engine.core.topics import ENGINE_TABLES, OPTIONAL_TABLES
 from engine.lakehouse.delta_log import list_topics, table_exists
 from engine.lakehouse.fs import list_files
 from engine.lakehouse.layout import layout
-from engine.lakehouse.views import delay_offset_view_sql, lag_sql, views_sql
+from engine.lakehouse.views import delay_offset_view_sql, history_view_sql, lag_sql, views_sql
 from schemas import SCHEDULE, column_names
 
 #: One registration at a time in a process: Spark's session catalog replaces a view in two
@@ -60,9 +61,43 @@ def ensure_database(spark: SparkSession, cfg: EngineConfig) -> None:
 
 @_one_at_a_time
 def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str) -> None:
-    """Make the Delta table at ``path`` queryable as ``<database>.<name>``."""
+    """Make the Delta table at ``path`` queryable as ``<database>.<name>``.
+
+    A name kept in a persistent catalog for another location (a lakehouse moved, or another
+    lakehouse using the same database) is pointed at ``path``: the external table's entry is
+    replaced, its data is not touched.
+
+    Raises:
+        SetupError: when the name belongs to a table delayq did not register (a managed
+            table), which it never replaces.
+    """
     ensure_database(spark, cfg)
+    registered = _location(spark, cfg.database, name)
+    if registered is not None and _same_place(registered[0], path):
+        return
+    if registered is not None:
+        if registered[1] != "EXTERNAL":
+            raise SetupError(
+                f"{cfg.database}.{name} is a {registered[1].lower()} table at {registered[0]},"
+                f" not delayq's table at {path}: drop it or set lakehouse.database"
+            )
+        spark.sql(f"DROP TABLE `{cfg.database}`.`{name}`")  # the entry only: it is external
     spark.sql(f"CREATE TABLE IF NOT EXISTS `{cfg.database}`.`{name}` USING delta LOCATION '{path}'")
+
+
+def _location(spark: SparkSession, database: str, name: str) -> tuple[str, str] | None:
+    """(location, table type) of ``database.name`` in the catalog, ``None`` if absent."""
+    catalog = spark._jsparkSession.sharedState().externalCatalog()
+    if not catalog.tableExists(database, name):
+        return None
+    table = catalog.getTable(database, name)
+    uri = table.location()
+    local = uri.getScheme() in (None, "file")
+    return str(uri.getPath() if local else uri.toString()), str(table.tableType().name())
+
+
+def _same_place(location: str, path: str) -> bool:
+    return location.rstrip("/") == path.removeprefix("file:").rstrip("/")
 
 
 @_one_at_a_time
@@ -73,6 +108,14 @@ def register_views(spark: SparkSession, cfg: EngineConfig, pending: bool = True)
     statements = [delay_offset_view_sql(cfg.database, layout(cfg).delay_offset)]
     for statement in statements + (views_sql(cfg.database) if pending else []):
         spark.sql(statement)
+
+
+@_one_at_a_time
+def register_history_view(spark: SparkSession, cfg: EngineConfig, topics: Iterable[str]) -> None:
+    """Create or replace ``<database>.history`` over the engine's tables and ``topics``
+    (the engine's tables must be registered)."""
+    ensure_database(spark, cfg)
+    spark.sql(history_view_sql(cfg.database, sorted(set(topics))))
 
 
 def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
@@ -132,6 +175,8 @@ def _register_all(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     topics = list_topics(spark, cfg)
     for name in topics:
         register_table(spark, cfg, name, lay.topic(name))
+    if current:
+        register_history_view(spark, cfg, topics)
     if "consumer_log" in present:
         register_lag_view(spark, cfg)
     return topics
@@ -166,9 +211,12 @@ class Catalog:
             self._register_new(delta_topics, committed)
 
     def _register_new(self, delta_topics: Iterable[str], committed: bool) -> None:
-        for name in sorted(set(delta_topics) - self._known):
+        new = sorted(set(delta_topics) - self._known)
+        for name in new:
             register_table(self.spark, self.cfg, name, layout(self.cfg).topic(name))
             self._known.add(name)
+        if new:
+            register_history_view(self.spark, self.cfg, list_topics(self.spark, self.cfg))
         if committed and "delay_offset" not in self._known:
             register_views(self.spark, self.cfg)
             self._known.add("delay_offset")

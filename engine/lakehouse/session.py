@@ -23,6 +23,7 @@ from engine.core.config import DEFAULT_CONF, EngineConfig
 from engine.core.errors import SetupError
 from engine.lakehouse.catalog import register_all
 from engine.lakehouse.fs import jvm
+from engine.lakehouse.metastore import catalog_conf, derby_log
 
 REPO_ROOT = DEFAULT_CONF.parent.parent
 LOG4J_CONF = REPO_ROOT / "conf" / "log4j2.properties"
@@ -132,7 +133,12 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
                 # is first on PATH: a plain shell without the venv active works too.
                 builder = builder.config("spark.pyspark.python", sys.executable)
         if not launched.contains("spark.jars"):
-            builder = builder.config("spark.jars", ",".join(jar_paths(cfg)))
+            jars = jar_paths(cfg)
+            builder = builder.config("spark.jars", ",".join(jars))
+            if not launched.contains("spark.driver.extraClassPath"):
+                # Also on the driver's own class path: threads Spark does not start itself
+                # (the SQL endpoint's JDBC sessions) find Delta's catalog there.
+                builder = builder.config("spark.driver.extraClassPath", ":".join(jars))
         master = launched.get("spark.master", cfg.spark_master)
         if master.startswith("local") and "SPARK_LOCAL_IP" not in os.environ:
             # The embedded default talks to itself only: keep the driver on loopback
@@ -140,16 +146,25 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
             for key in ("spark.driver.bindAddress", "spark.driver.host"):
                 if not launched.contains(key):
                     builder = builder.config(key, "127.0.0.1")
-        warehouse = f"{cfg.lakehouse_path}/_warehouse"
-        builder = builder.config("spark.sql.warehouse.dir", warehouse)
+        for key, value in catalog_conf(cfg).items():
+            builder = builder.config(key, value)
     for key, value in {**DELTA_CONF, **cfg.spark_conf, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(cfg.log_level.upper())
+    if active is None and spark.conf.get("spark.sql.catalogImplementation") == "hive":
+        _derby_log_to(spark, derby_log(cfg))
     _check_delta(spark)
     if cfg.register_tables:
         register_all(spark, cfg)  # a reader's session start: name what exists
     return spark
+
+
+def _derby_log_to(spark: SparkSession, path: Path) -> None:
+    """Derby's log goes to ``path`` rather than ``derby.log`` in the current folder (read
+    when the metastore first opens, which is after the session starts)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    jvm(spark).java.lang.System.setProperty("derby.stream.error.file", str(path))
 
 
 def _check_delta(spark: SparkSession) -> None:

@@ -1,16 +1,17 @@
 """The SQL of the engine's views, as text: the delivery checkpoint, what is pending, what
-is due, and consumer lag. :mod:`engine.lakehouse.catalog` registers them; the consumer's
-``lag`` runs the same SQL.
+is due, each message's history, and consumer lag. :mod:`engine.lakehouse.catalog` registers
+them; the consumer's ``lag`` runs the same SQL.
 
 Example:
-    >>> print(views_sql("delayq")[1][:46])
+    >>> print(views_sql("delayq")[1][:47])
     CREATE OR REPLACE VIEW `delayq`.due_forecast AS
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 
+from engine.core.message import DUPLICATE
 from schemas import DELAY_OFFSET
 
 
@@ -52,6 +53,49 @@ def views_sql(database: str) -> list[str]:
         f"count(*) AS due FROM {db}.pending "
         "WHERE deliver_ts < current_timestamp() + INTERVAL 1 HOUR GROUP BY 1",
     ]
+
+
+def history_view_sql(database: str, topics: Sequence[str]) -> str:
+    """SQL for the ``history`` view: every event of every message, one row each.
+
+    The same events as ``delayq history`` (:func:`engine.control.inspect.history`): ``sent``,
+    ``stamped``, ``quarantined`` or ``duplicate``, what a command decided, and ``delivered``
+    into each of ``topics`` (the view is replaced when a topic table appears). For tools
+    that have SQL only (JDBC, Spark Connect):
+    ``SELECT * FROM delayq.history WHERE array_contains(keys, 'order-1') ORDER BY msg_id, at``.
+
+    Example:
+        >>> print(history_view_sql("delayq", ["orders"])[:41])
+        CREATE OR REPLACE VIEW `delayq`.`history`
+    """
+    db = f"`{database}`"
+    stamped = "concat('queue ', queue_id, ', due ', deliver_ts)"
+    moved = (
+        "concat('to ', c.new_deliver_ts, ' (revision ', c.new_revision, '), command ', "
+        "c.command_id, ', round ', c.round)"
+    )
+    command = "concat('command ', c.command_id, ', round ', c.round)"
+    parts = [
+        "SELECT msg_id, keys, 'sent' AS event, store_ts AS at, topic, CASE "
+        "WHEN deliver_at IS NOT NULL THEN concat('deliver at ', deliver_at) "
+        "WHEN delay_level > 0 THEN concat('delay level ', delay_level) "
+        f"ELSE 'not delayed' END AS detail FROM {db}.`commitlog`",
+        f"SELECT msg_id, keys, 'stamped', stamped_ts, topic, CASE WHEN coalesce(revision, 0) > 0 "
+        f"THEN concat({stamped}, ', revision ', revision) ELSE {stamped} END "
+        f"FROM {db}.`schedule`",
+        f"SELECT msg_id, keys, CASE WHEN startswith(reason, '{DUPLICATE}') THEN 'duplicate' "
+        f"ELSE 'quarantined' END, quarantined_ts, topic, reason FROM {db}.`quarantine`",
+        f"SELECT c.msg_id, k.keys, c.result, c.decided_ts, c.topic, CASE "
+        f"WHEN c.result = 'rescheduled' THEN {moved} "
+        f"WHEN c.detail IS NOT NULL THEN concat(c.detail, ', ', {command}) ELSE {command} END "
+        f"FROM {db}.`command_results` c LEFT JOIN (SELECT msg_id, first(keys) AS keys "
+        f"FROM {db}.`commitlog` GROUP BY msg_id) k ON c.msg_id = k.msg_id",
+    ] + [
+        f"SELECT msg_id, keys, 'delivered', delivered_ts, topic, "
+        f"concat('{database}.{name}, round ', delivery_round) FROM {db}.`{name}`"
+        for name in topics
+    ]
+    return f"CREATE OR REPLACE VIEW {db}.`history` AS " + " UNION ALL ".join(parts)
 
 
 def lag_sql(consumer_log: str, tables: Mapping[str, str]) -> str:

@@ -34,8 +34,8 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-#: How a duplicate's quarantine reason starts (``history`` calls such rows ``duplicate``).
-DUPLICATE = "duplicate: "
+from engine.core.message import DUPLICATE
+
 #: Within a batch, the copy kept is the first in this order (the same on every replay).
 FIRST = (
     ("msg_id", "ascending"),

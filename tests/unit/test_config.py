@@ -49,6 +49,8 @@ def test_dedup_window_defaults_to_the_longest_level_and_can_be_off() -> None:
         ("lakehouse.path", "file://otherhost/lh", "local folder"),
         ("messages.dedup_window", "1h", "at least the longest level"),
         ("messages.dedup_window", "soon", "soon"),
+        ("sql.catalog", "hive", "embedded, spark, memory"),
+        ("sql.server.jdbc_port", "70000", "between 0"),
     ],
 )
 def test_bad_values_fail_naming_key_and_value(key: str, value: str, needle: str) -> None:

@@ -1,0 +1,176 @@
+"""SQL from any tool while the engine runs: JDBC/ODBC and Spark Connect from the engine's Spark.
+
+With ``sql.server.enabled`` the engine's own Spark application serves
+
+* **JDBC** through Spark's Thrift server (HiveServer2's protocol):
+  ``beeline -u jdbc:hive2://127.0.0.1:10000 -e "SELECT * FROM delayq.orders"``, or any BI
+  tool with a Hive/Spark JDBC or ODBC driver;
+* **Spark Connect**: ``pyspark --remote sc://127.0.0.1:15002``, or
+  ``SparkSession.builder.remote("sc://127.0.0.1:15002")`` in a plain Python with
+  ``pyspark[connect]``.
+
+Each client gets a session of its own on the engine's catalog: every delayq table and view
+by name, including topics created later, with no metastore of its own (the embedded
+metastore opens in one process at a time, and the engine has it). Queries share the
+engine's cores: a heavy query slows deliveries. Addresses are written to
+``<lakehouse>/_engine/sql.json`` while the server runs (``delayq status`` shows them).
+
+Example:
+    >>> server = SqlServer(spark, cfg).start()  # doctest: +SKIP
+    >>> server.jdbc_url  # doctest: +SKIP
+    'jdbc:hive2://127.0.0.1:10000'
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from pyspark.sql import SparkSession
+
+from engine.core.config import EngineConfig
+from engine.core.errors import ConfigError, SetupError
+from engine.lakehouse.fs import jvm
+
+#: Written while the server runs, removed when it stops: where SQL clients connect.
+ADDRESS_FILE = Path("_engine") / "sql.json"
+
+
+def address_file(cfg: EngineConfig) -> Path:
+    """``<lakehouse>/_engine/sql.json``."""
+    return Path(cfg.lakehouse_path) / ADDRESS_FILE
+
+
+def read_addresses(cfg: EngineConfig) -> dict[str, Any] | None:
+    """The running SQL server's addresses (``jdbc``, ``connect``, ``pid``), or ``None``.
+
+    Example:
+        >>> read_addresses(cfg)  # doctest: +SKIP
+        {'jdbc': 'jdbc:hive2://127.0.0.1:10000', 'connect': 'sc://127.0.0.1:15002', 'pid': 4242}
+    """
+    try:
+        found = json.loads(address_file(cfg).read_text())
+    except (OSError, ValueError):
+        return None
+    return found if isinstance(found, dict) else None
+
+
+_THRIFT_PORT = "hive.server2.thrift.port"
+
+
+def _in_new_thread(start: Callable[[], Any]) -> Any:
+    """``start()`` on a new thread (a new JVM thread through Py4J): Hive keeps a session per
+    thread, and the Thrift server would take the settings of one already on this thread
+    (the metastore's: port 10000 on every interface) instead of the ones given."""
+    result: list[Any] = []
+    failure: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            result.append(start())
+        except BaseException as err:  # handed to the caller below
+            failure.append(err)
+
+    thread = threading.Thread(target=run, name="delayq-sql-start", daemon=True)
+    thread.start()
+    thread.join()
+    if failure:
+        raise failure[0]
+    return result[0]
+
+
+def _port(host: str, port: int, key: str) -> int:
+    """``port`` if it can be listened on (0: a free one), else a ConfigError naming ``key``.
+
+    Checked before Spark is asked: Hive's Thrift server ends the whole process when it
+    cannot bind.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            raise ConfigError(
+                key,
+                f"{host}:{port}",
+                f"cannot listen there ({err.strerror or err}): choose another port "
+                "(0: any free one) or set sql.server.enabled=false",
+            ) from None
+        return int(probe.getsockname()[1])
+
+
+class SqlServer:
+    """The Thrift (JDBC) server and Spark Connect, in this Spark application.
+
+    Nothing is opened until :meth:`start`; :meth:`stop` closes both.
+
+    Args:
+        spark: the engine's session (clients get new sessions of it).
+        cfg: ``sql.server.host``, ``sql.server.jdbc_port``, ``sql.server.connect_port``.
+    """
+
+    def __init__(self, spark: SparkSession, cfg: EngineConfig) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.jdbc_url = ""
+        self.connect_url = ""
+        self._thrift: Any = None
+        self._connect = False
+
+    def start(self) -> SqlServer:
+        """Listen on both ports and write ``sql.json``; returns ``self``.
+
+        Raises:
+            ConfigError: a port cannot be listened on.
+        """
+        host = self.cfg.sql_server_host
+        jdbc = _port(host, self.cfg.sql_jdbc_port, "sql.server.jdbc_port")
+        connect = _port(host, self.cfg.sql_connect_port, "sql.server.connect_port")
+        view = jvm(self.spark)
+        session = self.spark.newSession()  # the server's settings stay out of the engine's
+        session.conf.set("hive.server2.thrift.bind.host", host)
+        session.conf.set(_THRIFT_PORT, str(jdbc))
+        self._thrift = _in_new_thread(
+            lambda: view.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
+                session._jsparkSession.sqlContext()
+            )
+        )
+        self.jdbc_url = f"jdbc:hive2://{host}:{jdbc}"
+        try:
+            listening = self._thrift.getHiveConf()
+            if (listening.get("hive.server2.thrift.bind.host"), listening.get(_THRIFT_PORT)) != (
+                host,
+                str(jdbc),
+            ):
+                raise SetupError(f"Spark's Thrift server ignored {host}:{jdbc}: not serving JDBC")
+            context = self.spark.sparkContext._jsc.sc()
+            context.conf().set("spark.connect.grpc.binding.address", host)
+            context.conf().set("spark.connect.grpc.binding.port", str(connect))
+            view.org.apache.spark.sql.connect.service.SparkConnectService.start(context)
+            self._connect = True
+        except Exception:
+            self.stop()
+            raise
+        self.connect_url = f"sc://{host}:{connect}"
+        record = {"jdbc": self.jdbc_url, "connect": self.connect_url, "pid": os.getpid()}
+        target = address_file(self.cfg)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_text(json.dumps(record))
+        return self
+
+    def stop(self) -> None:
+        """Close both servers and remove ``sql.json`` (safe to call twice)."""
+        address_file(self.cfg).unlink(missing_ok=True)
+        view = jvm(self.spark)
+        if self._connect:
+            self._connect = False
+            empty = view.scala.Option.empty()
+            view.org.apache.spark.sql.connect.service.SparkConnectService.stop(empty, empty)
+        if self._thrift is not None:
+            thrift, self._thrift = self._thrift, None
+            thrift.stop()

@@ -1,0 +1,87 @@
+"""The embedded metastore: where names are kept, and what a session does when another
+process has the metastore open (Derby opens it in one process at a time)."""
+
+from __future__ import annotations
+
+import logging
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.core.config import EngineConfig
+from engine.lakehouse.metastore import catalog_conf, holder, metastore_path
+
+LOCK_HOLDER = """
+import fcntl, os, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.lockf(fd, fcntl.LOCK_EX)  # what Derby's FileChannel.tryLock takes, on Linux
+print("locked", flush=True)
+time.sleep(120)
+"""
+
+
+@pytest.fixture
+def cfg(tmp_path: Path) -> EngineConfig:
+    return EngineConfig(lakehouse=str(tmp_path / "lakehouse"))
+
+
+@pytest.fixture
+def held(cfg: EngineConfig) -> Iterator[int]:
+    """The metastore's lock file held by another process, as a running engine holds it."""
+    folder = metastore_path(cfg)
+    folder.mkdir(parents=True)
+    other = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(LOCK_HOLDER), str(folder / "dbex.lck")],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert other.stdout is not None and other.stdout.readline().strip() == "locked"
+        yield other.pid
+    finally:
+        other.kill()
+        other.wait()
+
+
+def test_names_are_kept_in_the_lakehouse_by_default(cfg: EngineConfig) -> None:
+    conf = catalog_conf(cfg)
+    assert conf["spark.sql.catalogImplementation"] == "hive"
+    where = f"{cfg.lakehouse_path}/_metastore/db"
+    assert conf["spark.hadoop.javax.jdo.option.ConnectionURL"] == (
+        f"jdbc:derby:;databaseName={where};create=true"
+    )
+    assert conf["spark.sql.warehouse.dir"] == f"{cfg.lakehouse_path}/_warehouse"
+
+
+def test_memory_and_spark_catalogs(cfg: EngineConfig) -> None:
+    memory = catalog_conf(cfg.with_overrides(sql_catalog="memory"))
+    assert memory["spark.sql.catalogImplementation"] == "in-memory"
+    assert catalog_conf(cfg.with_overrides(sql_catalog="spark")) == {}  # the user's own
+
+
+def test_the_process_holding_the_metastore_is_found_without_taking_the_lock(
+    cfg: EngineConfig, held: int
+) -> None:
+    assert holder(metastore_path(cfg)) == held
+    assert holder(metastore_path(cfg)) == held  # asking twice changes nothing
+
+
+def test_a_free_or_missing_metastore_has_no_holder(cfg: EngineConfig) -> None:
+    assert holder(metastore_path(cfg)) is None
+    metastore_path(cfg).mkdir(parents=True)
+    (metastore_path(cfg) / "dbex.lck").write_text("")  # left behind by a stopped process
+    assert holder(metastore_path(cfg)) is None
+
+
+def test_a_session_beside_the_holder_names_tables_in_memory_and_says_why(
+    cfg: EngineConfig, held: int, caplog: pytest.LogCaptureFixture
+) -> None:
+    with caplog.at_level(logging.WARNING):
+        conf = catalog_conf(cfg)
+    assert conf["spark.sql.catalogImplementation"] == "in-memory"
+    assert f"open in process {held}" in caplog.text
+    assert "sql.server.enabled" in caplog.text
