@@ -23,7 +23,7 @@ WITH_PEERS ?=
 
 KAFKA_HOME := .kafka
 
-.PHONY: help setup venv jars kafka-jars kafka-up kafka-down ingest run engine status test test-quick bench bench-peers check lint typecheck imports clean distclean
+.PHONY: help setup venv jars kafka-jars kafka-up kafka-down ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -85,6 +85,9 @@ run: setup ## Set up, then run the engine on a demo set until everything is deli
 
 engine: setup ## Run the engine until Ctrl-C (ARGS="--set key=value ..." to configure)
 	$(SUBMIT) jobs/delay_engine.py $(ARGS)
+
+sql-server: setup ## Run the engine serving JDBC on 127.0.0.1:10000 and Spark Connect on :15002
+	$(SUBMIT) jobs/delay_engine.py --set sql.server.enabled=true $(ARGS)
 
 status: setup ## Show pending per level, delivered and quarantined counts
 	$(BIN)/delayq status $(ARGS)

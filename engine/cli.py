@@ -512,6 +512,7 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     from engine.control.status import read_status
     from engine.lakehouse.session import build_spark
     from engine.lakehouse.tables import ensure_tables
+    from engine.run.sql_server import read_addresses
 
     spark = build_spark(cfg)
     status = read_status(spark, cfg, ensure_tables(spark, cfg, migrate=False))
@@ -521,6 +522,9 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     print(f"quarantined {status.quarantined}")
     print(f"cancelled   {status.cancelled}")
     print(f"watermark   {status.watermark}")
+    served = read_addresses(cfg)
+    if served is not None:
+        print(f"sql         {served['jdbc']} (JDBC), {served['connect']} (Spark Connect)")
     print(f"{'queue':<16}{'pending':>10}{'delivered':>12}")
     for queue in sorted(set(status.pending) | set(status.delivered)):
         label = cfg.levels.label(queue)

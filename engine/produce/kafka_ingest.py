@@ -34,6 +34,7 @@ from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.fs import stream_query_id
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
+from engine.produce.ingest_lag import INGEST_CHECKPOINT
 from engine.produce.kafka_records import KAFKA_RECORD, parse_records
 
 
@@ -125,7 +126,7 @@ def start_ingest(
     )
 
     lay = layout(cfg)
-    checkpoint = lay.checkpoint("kafka_ingest")
+    checkpoint = lay.checkpoint(INGEST_CHECKPOINT)
     query_id: list[str] = []
     commitlog, quarantine = ArrowDelta(lay.commitlog), ArrowDelta(lay.quarantine)
 

@@ -3,8 +3,9 @@
 ``delayq run`` (and ``jobs/delay_engine.py``) serves ``http://<metrics.host>:<metrics.port>/metrics``
 next to the engine (``metrics.enabled``; loopback and any free port by default: set
 ``metrics.port`` to a fixed one for Prometheus to scrape). Every figure is read when scraped,
-from what the engine holds in memory, except two that need a Spark query: the consumer lag
-and the earliest pending deliver time. A scrape that finds them older than
+from what the engine holds in memory, except three that need a query: the consumer lag and
+the earliest pending deliver time (Spark), and the Kafka ingest's lag (its stream checkpoint
+against Kafka's end offsets). A scrape that finds them older than
 ``metrics.refresh_interval`` starts a refresh in the background (in a Spark session of its
 own) and shows the last values, so a scrape never waits for Spark and an engine nobody
 scrapes runs no query.
@@ -25,6 +26,7 @@ scrapes runs no query.
 | ``delayq_quarantined_total`` | counter | | rows the engine refused |
 | ``delayq_commands_total`` | counter | ``result`` | cancel/reschedule outcomes |
 | ``delayq_consumer_lag`` | gauge | ``group``, ``topic`` | delivered, not yet committed |
+| ``delayq_kafka_ingest_lag`` | gauge | ``kafka_topic`` | in Kafka, not yet in ``commitlog`` |
 
 Counters count since the process started, as Prometheus expects (``rate()`` handles the
 restart). Python code gets the same figures as they happen with
@@ -57,6 +59,7 @@ from prometheus_client.registry import Collector
 from engine.core.clock import to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import ConfigError
+from engine.produce.ingest_lag import ingest_lag
 
 if TYPE_CHECKING:
     from engine.run.engine import Engine
@@ -71,6 +74,7 @@ class Queried:
     lag: list[tuple[str, str, int]] = field(default_factory=list)  # group, topic, rows
     next_due_s: float | None = None
     refreshed: bool = False
+    ingest_lag: dict[str, int] = field(default_factory=dict)  # Kafka topic -> records
 
 
 def query_figures(spark: Any, cfg: EngineConfig) -> Queried:
@@ -92,7 +96,18 @@ def query_figures(spark: Any, cfg: EngineConfig) -> Queried:
         [(r["group_name"], r["topic"], int(r["lag"] or 0)) for r in rows],
         None if ms is None else ms / 1000,
         True,
+        _ingest_lag(cfg),
     )
+
+
+def _ingest_lag(cfg: EngineConfig) -> dict[str, int]:
+    """The Kafka ingest's lag per topic; empty when it never ran here or Kafka cannot be
+    reached (then the figure is missing, not zero)."""
+    try:
+        return ingest_lag(cfg) or {}
+    except Exception as err:  # KafkaError, or an unreadable checkpoint: a figure, not a failure
+        log.warning("metrics: no Kafka ingest lag (%s: %s)", type(err).__name__, err)
+        return {}
 
 
 class EngineCollector(Collector):
@@ -175,6 +190,14 @@ class EngineCollector(Collector):
         for group, topic, n in queried.lag:
             lag.add_metric([group, topic], n)
         yield lag
+        behind = GaugeMetricFamily(
+            "delayq_kafka_ingest_lag",
+            "Kafka records not yet stored in commitlog by the ingest job, per Kafka topic.",
+            labels=["kafka_topic"],
+        )
+        for kafka_topic, records in sorted(queried.ingest_lag.items()):
+            behind.add_metric([kafka_topic], records)
+        yield behind
 
 
 class MetricsServer:

@@ -47,7 +47,8 @@ def address_file(cfg: EngineConfig) -> Path:
 
 
 def read_addresses(cfg: EngineConfig) -> dict[str, Any] | None:
-    """The running SQL server's addresses (``jdbc``, ``connect``, ``pid``), or ``None``.
+    """The running SQL server's addresses (``jdbc``, ``connect``, ``pid``), or ``None``
+    (none written, or its process has ended).
 
     Example:
         >>> read_addresses(cfg)  # doctest: +SKIP
@@ -57,7 +58,21 @@ def read_addresses(cfg: EngineConfig) -> dict[str, Any] | None:
         found = json.loads(address_file(cfg).read_text())
     except (OSError, ValueError):
         return None
-    return found if isinstance(found, dict) else None
+    if not isinstance(found, dict) or not _alive(found.get("pid")):
+        return None  # left by an engine that was killed
+    return found
+
+
+def _alive(pid: object) -> bool:
+    if not isinstance(pid, int) or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 _THRIFT_PORT = "hive.server2.thrift.port"

@@ -105,6 +105,13 @@ def test_the_engine_says_where_sql_is_served_on_loopback(served: Served) -> None
     assert served.connect.startswith("sc://127.0.0.1:")
 
 
+def test_status_shows_the_sql_addresses(served: Served) -> None:
+    output = _run(
+        [str(VENV_BIN / "delayq"), "status", "--set", f"lakehouse.path={served.cfg.lakehouse}"]
+    )
+    assert f"sql         {served.jdbc} (JDBC), {served.connect} (Spark Connect)" in output
+
+
 def test_beeline_reads_topics_and_views_and_sends_with_insert(served: Served) -> None:
     def beeline(sql: str) -> list[str]:
         args = ["beeline", "-u", served.jdbc, "--silent=true", "--outputformat=csv2", "-e", sql]

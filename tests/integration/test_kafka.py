@@ -18,9 +18,11 @@ from engine.core.config import EngineConfig
 from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.layout import layout
 from engine.lakehouse.session import REPO_ROOT
+from engine.produce.ingest_lag import ingest_lag
 from engine.produce.kafka_client import DelayedProducer
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
+from engine.run.metrics import query_figures
 from jobs.tools.broker import Broker, BrokerError, start
 from tests.support.crash import Crash, crash_after_writes
 from tests.support.kafka import consume, free_port, ingest, kafka_broker, kafka_cfg, produce, rows
@@ -227,3 +229,22 @@ def test_kafka_config_errors_name_the_key(make_cfg: Any) -> None:
         make_cfg(kafka_sinks={"retry_g": "kafka"})
     with pytest.raises(ConfigError, match="loop back"):
         make_cfg(kafka_ingest_topics=("orders",), kafka_sinks={"orders": "both"})
+
+
+def test_ingest_lag_counts_records_in_kafka_not_yet_stored(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    topic = f"in_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(
+        make_cfg, kafka, kafka_ingest_topics=(topic,), kafka_topic_map={topic: "orders"}
+    )
+    assert ingest_lag(cfg) is None  # the ingest never ran on this lakehouse
+    produce(kafka, topic, [(None, f"m{i}".encode(), []) for i in range(5)])
+    ingest(spark, cfg, clock)
+    assert ingest_lag(cfg) == {topic: 0}
+    produce(kafka, topic, [(None, f"n{i}".encode(), []) for i in range(3)])
+    assert ingest_lag(cfg) == {topic: 3}
+    # the engine's metrics show it (refreshed with the other queried figures)
+    assert query_figures(spark, cfg).ingest_lag == {topic: 3}
+    ingest(spark, cfg, clock)
+    assert ingest_lag(cfg) == {topic: 0}
