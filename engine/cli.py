@@ -410,7 +410,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             control = _start_control(cfg, spark)
             metrics = _start_metrics(cfg, spark, engine)
             upkeep = _start_upkeep(cfg, spark)
-            sql = _start_sql(cfg, spark)
+            sql = _start_sql(cfg, spark, engine)
             final = engine.run(
                 until_idle=args.until_idle,
                 max_seconds=args.max_seconds,
@@ -418,9 +418,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 stop=signals.requested,
             )
         finally:
-            for server in (sql, upkeep, control, metrics):
-                if server is not None:
-                    server.stop()
+            _stop_all(sql, upkeep, control, metrics)
     if args.show:
         show_topics(spark, cfg, args.show)
     if final.quarantined:
@@ -445,18 +443,39 @@ def _start_upkeep(cfg: EngineConfig, spark: Any) -> Any:
     ).start()
 
 
-def _start_sql(cfg: EngineConfig, spark: Any) -> Any:
-    """Serve JDBC and Spark Connect (``sql.server.enabled``); the server, or None.
+def _stop_all(*servers: Any) -> None:
+    """Stop each server that started; one that fails to stop does not keep the others up."""
+    first: BaseException | None = None
+    for server in servers:
+        if server is None:
+            continue
+        try:
+            server.stop()
+        except BaseException as err:
+            first = first or err
+    if first is not None:
+        raise first
+
+
+def _start_sql(cfg: EngineConfig, spark: Any, engine: Any) -> Any:
+    """Serve JDBC and Spark Connect (``sql.server.enabled``) once the engine has opened the
+    lakehouse (upgraded, recovered); the server, or None.
 
     Raises:
-        ConfigError: a ``sql.server`` port cannot be listened on.
+        ConfigError: a ``sql.server`` port or host cannot be listened on.
     """
     if not cfg.sql_server_enabled:
         return None
     from engine.run.sql_server import SqlServer
 
+    engine.open()
     server = SqlServer(spark, cfg).start()
     print(f"delayq: SQL at {server.jdbc_url} (JDBC) and {server.connect_url} (Spark Connect)")
+    if cfg.sql_server_host not in ("127.0.0.1", "localhost", "::1"):
+        print(
+            f"delayq: warning: SQL is served on {cfg.sql_server_host} without authentication; "
+            "any client that reaches it can read and write every table"
+        )
     return server
 
 

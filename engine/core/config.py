@@ -434,6 +434,12 @@ class EngineConfig:
                 f"{self.dedup_window_ms}ms",
                 f"must be 0 (off) or at least the longest level's delay ({longest}ms)",
             )
+        if self.sql_jdbc_port and self.sql_jdbc_port == self.sql_connect_port:
+            raise ConfigError(
+                "sql.server.connect_port",
+                self.sql_connect_port,
+                "must differ from sql.server.jdbc_port",
+            )
         self._check_kafka()
 
     def _check_kafka(self) -> None:

@@ -29,7 +29,7 @@ ENGINE_TABLES = ("commitlog", "schedule", "quarantine", "commands", "command_res
 #: Tables made on first use; registered by name when present.
 OPTIONAL_TABLES = ("consumer_log",)
 #: The engine's views.
-ENGINE_VIEWS = ("delay_offset", "pending", "due_forecast", "history", "consumer_lag")
+ENGINE_VIEWS = ("delay_offset", "pending", "due_forecast", "consumer_lag")
 #: A consumer group's retry and dead-letter topics (RocketMQ's %RETRY%<group>, %DLQ%<group>).
 RETRY_PREFIX = "retry_"
 DLQ_PREFIX = "dlq_"

@@ -20,8 +20,10 @@ Example:
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 from collections.abc import Callable, Iterable
+from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from delta.tables import DeltaTable
@@ -36,6 +38,11 @@ from engine.lakehouse.fs import list_files
 from engine.lakehouse.layout import layout
 from engine.lakehouse.views import delay_offset_view_sql, history_view_sql, lag_sql, views_sql
 from schemas import SCHEDULE, column_names
+
+log = logging.getLogger(__name__)
+
+#: The view of every message's events (a topic of that name takes the name instead).
+HISTORY_VIEW = "history"
 
 #: One registration at a time in a process: Spark's session catalog replaces a view in two
 #: steps, and a second ``CREATE OR REPLACE`` in between fails with "already exists".
@@ -63,37 +70,48 @@ def ensure_database(spark: SparkSession, cfg: EngineConfig) -> None:
 def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str) -> None:
     """Make the Delta table at ``path`` queryable as ``<database>.<name>``.
 
-    A name kept in a persistent catalog for another location (a lakehouse moved, or another
-    lakehouse using the same database) is pointed at ``path``: the external table's entry is
-    replaced, its data is not touched.
+    A name a persistent catalog keeps for a location that no longer exists (the lakehouse
+    was moved) is pointed at ``path``: only the catalog entry is replaced. A topic table
+    named ``history`` replaces the ``history`` view (the view is then not made).
 
     Raises:
-        SetupError: when the name belongs to a table delayq did not register (a managed
-            table), which it never replaces.
+        SetupError: when the name belongs to something else: a table at another existing
+            location (another lakehouse using this database), a managed table, a view.
     """
     ensure_database(spark, cfg)
-    registered = _location(spark, cfg.database, name)
-    if registered is not None and _same_place(registered[0], path):
-        return
+    database = cfg.database
+    registered = _entry(spark, database, name)
     if registered is not None:
-        if registered[1] != "EXTERNAL":
+        location, kind = registered
+        if kind == "VIEW" and name == HISTORY_VIEW:
+            spark.sql(f"DROP VIEW `{database}`.`{name}`")
+        elif location is not None and _same_place(location, path):
+            return
+        elif kind == "EXTERNAL" and location is not None and not Path(location).exists():
+            spark.sql(f"DROP TABLE `{database}`.`{name}`")  # the entry only: it is external
+        else:
+            where = f" at {location}" if location else ""
             raise SetupError(
-                f"{cfg.database}.{name} is a {registered[1].lower()} table at {registered[0]},"
-                f" not delayq's table at {path}: drop it or set lakehouse.database"
+                f"{database}.{name} already names a {kind.lower()} table{where}, not this "
+                f"lakehouse's {path}: set lakehouse.database to a database of its own"
             )
-        spark.sql(f"DROP TABLE `{cfg.database}`.`{name}`")  # the entry only: it is external
-    spark.sql(f"CREATE TABLE IF NOT EXISTS `{cfg.database}`.`{name}` USING delta LOCATION '{path}'")
+    spark.sql(f"CREATE TABLE IF NOT EXISTS `{database}`.`{name}` USING delta LOCATION '{path}'")
 
 
-def _location(spark: SparkSession, database: str, name: str) -> tuple[str, str] | None:
-    """(location, table type) of ``database.name`` in the catalog, ``None`` if absent."""
+def _entry(spark: SparkSession, database: str, name: str) -> tuple[str | None, str] | None:
+    """(local path or URI, ``EXTERNAL``/``MANAGED``/``VIEW``) of ``database.name`` in the
+    catalog, ``None`` if absent."""
     catalog = spark._jsparkSession.sharedState().externalCatalog()
     if not catalog.tableExists(database, name):
         return None
     table = catalog.getTable(database, name)
-    uri = table.location()
+    kind = str(table.tableType().name())
+    uri = table.storage().locationUri()
+    if uri.isEmpty():
+        return None, kind
+    uri = uri.get()
     local = uri.getScheme() in (None, "file")
-    return str(uri.getPath() if local else uri.toString()), str(table.tableType().name())
+    return str(uri.getPath() if local else uri.toString()), kind
 
 
 def _same_place(location: str, path: str) -> bool:
@@ -113,9 +131,18 @@ def register_views(spark: SparkSession, cfg: EngineConfig, pending: bool = True)
 @_one_at_a_time
 def register_history_view(spark: SparkSession, cfg: EngineConfig, topics: Iterable[str]) -> None:
     """Create or replace ``<database>.history`` over the engine's tables and ``topics``
-    (the engine's tables must be registered)."""
+    (the engine's tables must be registered); not made when a topic is named ``history``."""
+    names = sorted(set(topics))
+    if HISTORY_VIEW in names:
+        log.warning(
+            "a topic is named %s: no %s.%s view (delayq history and inspect.history work)",
+            HISTORY_VIEW,
+            cfg.database,
+            HISTORY_VIEW,
+        )
+        return
     ensure_database(spark, cfg)
-    spark.sql(history_view_sql(cfg.database, sorted(set(topics))))
+    spark.sql(history_view_sql(cfg.database, names))
 
 
 def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
@@ -212,11 +239,24 @@ class Catalog:
 
     def _register_new(self, delta_topics: Iterable[str], committed: bool) -> None:
         new = sorted(set(delta_topics) - self._known)
+        self._known |= set(new)  # tried once: a name that cannot be registered is said once
         for name in new:
-            register_table(self.spark, self.cfg, name, layout(self.cfg).topic(name))
-            self._known.add(name)
+            self._try(register_table, name, layout(self.cfg).topic(name))
         if new:
-            register_history_view(self.spark, self.cfg, list_topics(self.spark, self.cfg))
+            self._try(register_history_view, list_topics(self.spark, self.cfg))
         if committed and "delay_offset" not in self._known:
-            register_views(self.spark, self.cfg)
             self._known.add("delay_offset")
+            self._try(register_views)
+
+    def _try(self, register: Callable[..., None], *args: Any) -> None:
+        """Names are a convenience: a registration that fails mid-run is logged and
+        delivery goes on (queries by path work)."""
+        try:
+            register(self.spark, self.cfg, *args)
+        except Exception as err:
+            text = str(err).strip()
+            log.warning(
+                "could not name a table in the SQL catalog (%s: %s)",
+                type(err).__name__,
+                text.splitlines()[0][:300] if text else "",
+            )

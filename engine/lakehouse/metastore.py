@@ -84,19 +84,23 @@ def holder(path: Path | str) -> int | None:
         table = Path("/proc/locks").read_text()
     except OSError:
         return _held_by_lockf(lock)
+    device = lock.stat().st_dev
+    wanted = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
     for line in table.splitlines():
         parts = line.split()
-        # "1: POSIX  ADVISORY  WRITE 12345 fd:01:67890 0 EOF"
-        if len(parts) >= 6 and parts[1] == "POSIX" and parts[5].rsplit(":", 1)[-1] == str(inode):
-            pid = int(parts[4])
-            return pid if pid != os.getpid() else None
+        # "1: POSIX  ADVISORY  WRITE 12345 fd:01:67890 0 EOF" (device in hex, inode)
+        if len(parts) >= 6 and parts[1] == "POSIX" and parts[5] == wanted:
+            return int(parts[4])
     return None
 
 
 def _held_by_lockf(lock: Path) -> int | None:
     import fcntl
 
-    fd = os.open(lock, os.O_RDWR)
+    try:
+        fd = os.open(lock, os.O_RDWR)
+    except OSError:
+        return None
     try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -106,27 +110,88 @@ def _held_by_lockf(lock: Path) -> int | None:
     return None
 
 
+#: The flock this process holds on each metastore it uses (kept for the process's life).
+_OWNED: dict[Path, int] = {}
+_OWNER_FILE = "owner.lock"
+
+
+def _claim(folder: Path) -> bool:
+    """Take (or keep) this process's claim on the metastore in ``folder``: a non-blocking
+    ``flock`` on ``owner.lock``, held until the process ends. Decided when a session starts,
+    where Derby's own lock is only taken at the first catalog use: two delayq processes
+    starting together cannot both choose the metastore."""
+    if folder in _OWNED:
+        return True
+    import fcntl
+
+    folder.mkdir(parents=True, exist_ok=True)
+    fd = os.open(folder / _OWNER_FILE, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return False
+    _OWNED[folder] = fd
+    return True
+
+
+def _our_jvms() -> set[int]:
+    """The JVM this Python drives: its parent under spark-submit, else the child PySpark
+    launched (if one runs)."""
+    pids = {os.getppid()}
+    try:
+        from pyspark import SparkContext
+
+        gateway = SparkContext._gateway
+        proc = getattr(gateway, "proc", None)
+        if proc is not None:
+            pids.add(int(proc.pid))
+    except Exception:  # no PySpark gateway yet
+        pass
+    return pids
+
+
+def _release(folder: Path) -> None:
+    fd = _OWNED.pop(folder, None)
+    if fd is not None:
+        os.close(fd)  # closing releases the flock
+
+
 def catalog_conf(cfg: EngineConfig) -> dict[str, str]:
     """The catalog settings for a new Spark application on ``cfg``'s lakehouse.
 
-    ``embedded``: the lakehouse's metastore, unless another process has it open (then the
-    session's memory, logged once). ``memory``: the session's memory. ``spark``: nothing (the
-    catalog Spark is configured with).
+    ``embedded``: the lakehouse's metastore, unless another process uses it (a delayq process
+    that claimed it, or any Spark that has Derby's database open): then the session's memory,
+    said once. ``memory``: the session's memory. ``spark``: nothing (the catalog Spark is
+    configured with).
     """
     warehouse = f"{cfg.lakehouse_path}/_warehouse"
     if cfg.sql_catalog == "spark":
         return {}
     if cfg.sql_catalog == "embedded":
         path = metastore_path(cfg)
-        pid = holder(path)
-        if pid is None:
+        folder = path.parent
+        try:
+            claimed = _claim(folder)
+        except OSError as err:  # a read-only lakehouse: names in memory, as before
+            log.warning("the lakehouse's metastore (%s) cannot be used: %s", folder, err)
+            claimed = False
+            pid: int | None = None
+        else:
+            pid = holder(path)
+            if pid in _our_jvms():
+                pid = None  # this process's own Spark (a session stopped and built again)
+        if claimed and pid is None:
             return hive_conf(path, warehouse)
-        who = f"process {pid}" if pid > 0 else "another process"
-        log.warning(
-            "the lakehouse's metastore (%s) is open in %s, a running engine or session: this"
-            " session names tables in its own memory (SQL tools: the engine's SQL endpoint,"
-            " sql.server.enabled)",
-            path,
-            who,
-        )
+        if claimed:
+            _release(folder)
+        if pid is not None or not claimed:
+            who = f"process {pid}" if pid and pid > 0 else "another process"
+            log.warning(
+                "the lakehouse's metastore (%s) is in use by %s, a running engine or session:"
+                " this session names tables in its own memory (SQL tools: the engine's SQL"
+                " endpoint, sql.server.enabled)",
+                folder,
+                who,
+            )
     return {"spark.sql.catalogImplementation": "in-memory", "spark.sql.warehouse.dir": warehouse}

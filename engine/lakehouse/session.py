@@ -153,18 +153,30 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
     spark = builder.getOrCreate()
     spark.sparkContext.setLogLevel(cfg.log_level.upper())
     if active is None and spark.conf.get("spark.sql.catalogImplementation") == "hive":
-        _derby_log_to(spark, derby_log(cfg))
+        _open_metastore(spark, cfg)
     _check_delta(spark)
     if cfg.register_tables:
         register_all(spark, cfg)  # a reader's session start: name what exists
     return spark
 
 
-def _derby_log_to(spark: SparkSession, path: Path) -> None:
-    """Derby's log goes to ``path`` rather than ``derby.log`` in the current folder (read
-    when the metastore first opens, which is after the session starts)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    jvm(spark).java.lang.System.setProperty("derby.stream.error.file", str(path))
+def _open_metastore(spark: SparkSession, cfg: EngineConfig) -> None:
+    """Open the session's metastore now, not at a table's first use mid-work: a failure is
+    one line naming the metastore. Derby's log goes to ``_metastore/derby.log``, not to the
+    current folder (read when Derby starts, which is here)."""
+    if cfg.sql_catalog == "embedded":
+        log_file = derby_log(cfg)
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        jvm(spark).java.lang.System.setProperty("derby.stream.error.file", str(log_file))
+    try:
+        spark.catalog.databaseExists("default")
+    except Exception as err:  # py4j wraps Hive's and Derby's errors
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else type(err).__name__
+        raise SetupError(
+            f"the SQL catalog's metastore could not be opened ({first}): another Spark (a "
+            "spark-sql shell?) may have the lakehouse's metastore open; close it, or set "
+            "sql.catalog=memory"
+        ) from None
 
 
 def _check_delta(spark: SparkSession) -> None:

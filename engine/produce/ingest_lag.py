@@ -75,7 +75,7 @@ def ingest_lag(cfg: EngineConfig, timeout_s: float = 5.0) -> dict[str, int] | No
     consumer = KafkaConsumer(
         bootstrap_servers=cfg.kafka_bootstrap,
         request_timeout_ms=max(ms, 1000),
-        api_version_auto_timeout_ms=ms,
+        bootstrap_timeout_ms=ms,
         enable_auto_commit=False,
     )
     try:

@@ -23,6 +23,7 @@ Example:
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import socket
@@ -100,16 +101,17 @@ def _in_new_thread(start: Callable[[], Any]) -> Any:
 
 
 def _port(host: str, port: int, key: str) -> int:
-    """``port`` if it can be listened on (0: a free one), else a ConfigError naming ``key``.
-
-    Checked before Spark is asked: Hive's Thrift server ends the whole process when it
-    cannot bind.
-    """
+    """``port`` if it can be listened on (0: a free one), else a ConfigError naming ``key``
+    (or ``sql.server.host`` when the address is not this machine's)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
         probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError as err:
+            if isinstance(err, socket.gaierror) or err.errno == errno.EADDRNOTAVAIL:
+                raise ConfigError(
+                    "sql.server.host", host, f"not an address of this machine ({err})"
+                ) from None
             raise ConfigError(
                 key,
                 f"{host}:{port}",
@@ -117,6 +119,16 @@ def _port(host: str, port: int, key: str) -> int:
                 "(0: any free one) or set sql.server.enabled=false",
             ) from None
         return int(probe.getsockname()[1])
+
+
+def _check_environment() -> None:
+    """Hive's Thrift server takes its address from these variables over any setting."""
+    for name in ("HIVE_SERVER2_THRIFT_BIND_HOST", "HIVE_SERVER2_THRIFT_PORT"):
+        if os.environ.get(name):
+            raise SetupError(
+                f"{name} is set ({os.environ[name]}): it would override sql.server.host and "
+                "sql.server.jdbc_port; unset it"
+            )
 
 
 class SqlServer:
@@ -141,51 +153,79 @@ class SqlServer:
         """Listen on both ports and write ``sql.json``; returns ``self``.
 
         Raises:
-            ConfigError: a port cannot be listened on.
+            ConfigError: a port cannot be listened on, or the host is not this machine's.
+            SetupError: a ``HIVE_SERVER2_THRIFT_*`` variable would override the settings.
         """
+        _check_environment()
         host = self.cfg.sql_server_host
         jdbc = _port(host, self.cfg.sql_jdbc_port, "sql.server.jdbc_port")
         connect = _port(host, self.cfg.sql_connect_port, "sql.server.connect_port")
+        if jdbc == connect:  # two "any free port" probes can return the same one
+            connect = _port(host, 0, "sql.server.connect_port")
         view = jvm(self.spark)
         session = self.spark.newSession()  # the server's settings stay out of the engine's
         session.conf.set("hive.server2.thrift.bind.host", host)
         session.conf.set(_THRIFT_PORT, str(jdbc))
-        self._thrift = _in_new_thread(
-            lambda: view.org.apache.spark.sql.hive.thriftserver.HiveThriftServer2.startWithContext(
-                session._jsparkSession.sqlContext()
+        thriftserver = view.org.apache.spark.sql.hive.thriftserver
+        try:
+            # exitOnError=False: a serving error must not end the engine's process
+            self._thrift = _in_new_thread(
+                lambda: thriftserver.HiveThriftServer2.startWithSparkSession(
+                    session._jsparkSession, False
+                )
             )
-        )
+        except Exception as err:
+            raise ConfigError(
+                "sql.server.jdbc_port",
+                f"{host}:{jdbc}",
+                f"the Thrift server did not start: {_first_line(err)}",
+            ) from None
         self.jdbc_url = f"jdbc:hive2://{host}:{jdbc}"
         try:
             listening = self._thrift.getHiveConf()
-            if (listening.get("hive.server2.thrift.bind.host"), listening.get(_THRIFT_PORT)) != (
-                host,
-                str(jdbc),
-            ):
+            bound = (listening.get("hive.server2.thrift.bind.host"), listening.get(_THRIFT_PORT))
+            if bound != (host, str(jdbc)):
                 raise SetupError(f"Spark's Thrift server ignored {host}:{jdbc}: not serving JDBC")
             context = self.spark.sparkContext._jsc.sc()
             context.conf().set("spark.connect.grpc.binding.address", host)
             context.conf().set("spark.connect.grpc.binding.port", str(connect))
-            view.org.apache.spark.sql.connect.service.SparkConnectService.start(context)
+            try:
+                view.org.apache.spark.sql.connect.service.SparkConnectService.start(context)
+            except Exception as err:
+                raise ConfigError(
+                    "sql.server.connect_port",
+                    f"{host}:{connect}",
+                    f"Spark Connect did not start: {_first_line(err)}",
+                ) from None
             self._connect = True
-        except Exception:
+        except BaseException:
             self.stop()
             raise
         self.connect_url = f"sc://{host}:{connect}"
         record = {"jdbc": self.jdbc_url, "connect": self.connect_url, "pid": os.getpid()}
         target = address_file(self.cfg)
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_text(json.dumps(record))
+        partial = target.with_name(f".{target.name}.{os.getpid()}")
+        partial.write_text(json.dumps(record))
+        os.replace(partial, target)  # a reader sees the whole file or none
         return self
 
     def stop(self) -> None:
-        """Close both servers and remove ``sql.json`` (safe to call twice)."""
+        """Close both servers and remove ``sql.json`` (safe to call twice); a failure to
+        stop one still stops the other."""
         address_file(self.cfg).unlink(missing_ok=True)
         view = jvm(self.spark)
-        if self._connect:
-            self._connect = False
-            empty = view.scala.Option.empty()
-            view.org.apache.spark.sql.connect.service.SparkConnectService.stop(empty, empty)
-        if self._thrift is not None:
-            thrift, self._thrift = self._thrift, None
-            thrift.stop()
+        try:
+            if self._connect:
+                self._connect = False
+                empty = view.scala.Option.empty()
+                view.org.apache.spark.sql.connect.service.SparkConnectService.stop(empty, empty)
+        finally:
+            if self._thrift is not None:
+                thrift, self._thrift = self._thrift, None
+                thrift.stop()
+
+
+def _first_line(err: BaseException) -> str:
+    text = str(err).strip()
+    return text.splitlines()[0][:300] if text else type(err).__name__

@@ -9,9 +9,12 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
+from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import ConfigError, SetupError
-from engine.lakehouse.catalog import register_table
+from engine.lakehouse.catalog import register_all, register_table
+from engine.produce.send import Message, send_many
+from engine.run.engine import Engine
 from engine.run.sql_server import SqlServer
 
 pytestmark = pytest.mark.integration
@@ -30,27 +33,44 @@ def test_a_name_kept_for_a_moved_lakehouse_points_at_the_new_place(
     spark: SparkSession, cfg: EngineConfig, tmp_path: Path
 ) -> None:
     old = _table(spark, tmp_path / "old" / "orders", 2)
-    new = _table(spark, tmp_path / "new" / "orders", 3)
     register_table(spark, cfg, "orders", old)
     assert spark.table(f"{cfg.database}.orders").count() == 2
+    register_table(spark, cfg, "orders", old)  # idempotent
+    (tmp_path / "old").rename(tmp_path / "new")  # the lakehouse folder moved
+    new = str(tmp_path / "new" / "orders")
     register_table(spark, cfg, "orders", new)
-    assert spark.table(f"{cfg.database}.orders").count() == 3
-    # the old table's data is untouched: only the name moved
-    assert spark.read.format("delta").load(old).count() == 2
-    register_table(spark, cfg, "orders", new)  # idempotent
-    assert spark.table(f"{cfg.database}.orders").count() == 3
+    assert spark.table(f"{cfg.database}.orders").count() == 2
+    assert [r.id for r in spark.read.format("delta").load(new).collect()] == [0, 1]
 
 
-def test_a_managed_table_with_the_name_is_never_replaced(
+def test_a_name_held_by_another_existing_table_is_never_taken(
     spark: SparkSession, cfg: EngineConfig, tmp_path: Path
 ) -> None:
-    spark.sql(f"CREATE DATABASE IF NOT EXISTS {cfg.database}")
-    spark.sql(f"CREATE TABLE {cfg.database}.audit (id BIGINT) USING delta")
+    theirs = _table(spark, tmp_path / "other-lakehouse" / "orders", 2)
+    ours = _table(spark, tmp_path / "ours" / "orders", 3)
+    register_table(spark, cfg, "orders", theirs)
+    with pytest.raises(SetupError, match=rf"{cfg.database}\.orders already names .*{theirs}"):
+        register_table(spark, cfg, "orders", ours)
+    assert spark.table(f"{cfg.database}.orders").count() == 2  # still theirs, data intact
+
+    spark.sql(f"CREATE TABLE {cfg.database}.audit (id BIGINT) USING delta")  # managed
     spark.sql(f"INSERT INTO {cfg.database}.audit VALUES (7)")
-    ours = _table(spark, tmp_path / "audit", 1)
-    with pytest.raises(SetupError, match=rf"{cfg.database}\.audit is a managed table"):
-        register_table(spark, cfg, "audit", ours)
+    with pytest.raises(SetupError, match=rf"{cfg.database}\.audit already names a managed"):
+        register_table(spark, cfg, "audit", _table(spark, tmp_path / "ours" / "audit", 1))
     assert [r.id for r in spark.table(f"{cfg.database}.audit").collect()] == [7]
+
+
+def test_a_topic_named_history_takes_the_name_from_the_view(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    send_many(spark, cfg, [Message("orders", "a")], clock)
+    Engine(spark, cfg, clock, out=lambda _: None).open().step()
+    register_all(spark, cfg)
+    assert spark.table(f"{cfg.database}.history").where("event = 'delivered'").count() == 1
+    send_many(spark, cfg, [Message("history", "b")], clock)
+    Engine(spark, cfg, clock, out=lambda _: None).open().step()
+    register_all(spark, cfg)
+    assert [r.body for r in spark.table(f"{cfg.database}.history").collect()] == [b"b"]
 
 
 def test_a_taken_sql_port_fails_at_start_naming_the_key(

@@ -16,6 +16,7 @@ from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError
 from engine.deliver.commands import CANCEL, Target, resolve
+from engine.lakehouse.catalog import register_all
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send, send_df, send_many
 from engine.run.engine import Engine
@@ -188,6 +189,12 @@ def test_reschedule_later_keeps_the_id_and_is_never_early(
     assert status.idle and status.cancelled == 0 and status.unstamped == 0, status
     events = [r["event"] for r in history(spark, cfg, key="k1").collect()]
     assert events == ["sent", "stamped", "rescheduled", "stamped", "delivered"]
+    # the history view (for SQL-only tools) tells the same events
+    register_all(spark, cfg)
+    view = spark.sql(f"SELECT * FROM {cfg.database}.history WHERE array_contains(keys, 'k1')")
+    assert sorted((r["event"], r["at"], r["detail"]) for r in view.collect()) == sorted(
+        (r["event"], r["at"], r["detail"]) for r in history(spark, cfg, key="k1").collect()
+    )
 
 
 def test_reschedule_earlier_and_into_the_past(

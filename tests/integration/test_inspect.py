@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from engine.control.inspect import forecast, history, pending
 from engine.core.clock import FakeClock
 from engine.core.errors import DelayQError
+from engine.lakehouse.catalog import register_all
 from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
@@ -77,3 +78,6 @@ def test_history_shows_quarantine_reason(
         ("sent", "delay level 1"),
         ("quarantined", "topic 'bad-topic' is not a valid topic name"),
     ]
+    register_all(spark, cfg)
+    view = spark.sql(f"SELECT event, detail FROM {cfg.database}.history ORDER BY at, event DESC")
+    assert [(r["event"], r["detail"]) for r in view.collect()] == rows

@@ -51,6 +51,7 @@ def test_dedup_window_defaults_to_the_longest_level_and_can_be_off() -> None:
         ("messages.dedup_window", "soon", "soon"),
         ("sql.catalog", "hive", "embedded, spark, memory"),
         ("sql.server.jdbc_port", "70000", "between 0"),
+        ("sql.server.connect_port", "10000", "must differ from sql.server.jdbc_port"),
     ],
 )
 def test_bad_values_fail_naming_key_and_value(key: str, value: str, needle: str) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.core.config import EngineConfig
+from engine.lakehouse import metastore
 from engine.lakehouse.metastore import catalog_conf, holder, metastore_path
 
 LOCK_HOLDER = """
@@ -45,6 +46,12 @@ def held(cfg: EngineConfig) -> Iterator[int]:
     finally:
         other.kill()
         other.wait()
+
+
+@pytest.fixture(autouse=True)
+def _release_claims(cfg: EngineConfig) -> Iterator[None]:
+    yield
+    metastore._release(metastore_path(cfg).parent)
 
 
 def test_names_are_kept_in_the_lakehouse_by_default(cfg: EngineConfig) -> None:
@@ -83,5 +90,25 @@ def test_a_session_beside_the_holder_names_tables_in_memory_and_says_why(
     with caplog.at_level(logging.WARNING):
         conf = catalog_conf(cfg)
     assert conf["spark.sql.catalogImplementation"] == "in-memory"
-    assert f"open in process {held}" in caplog.text
+    assert f"in use by process {held}" in caplog.text
     assert "sql.server.enabled" in caplog.text
+
+
+def test_two_processes_starting_together_cannot_both_choose_the_metastore(
+    cfg: EngineConfig,
+) -> None:
+    # this process chose it (Derby has not opened it yet: that happens at the first query)
+    assert catalog_conf(cfg)["spark.sql.catalogImplementation"] == "hive"
+    other = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(f"""
+            from engine.core.config import EngineConfig
+            from engine.lakehouse.metastore import catalog_conf
+            cfg = EngineConfig(lakehouse={cfg.lakehouse!r})
+            print(catalog_conf(cfg)["spark.sql.catalogImplementation"])
+            """)],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    assert other.stdout.strip() == "in-memory"
+    assert "in use by another process" in other.stderr
+    # asked again, this process keeps its choice
+    assert catalog_conf(cfg)["spark.sql.catalogImplementation"] == "hive"
