@@ -60,6 +60,7 @@ $(SPARK_PROPS): build/pom.xml Makefile
 	   echo "spark.sql.catalogImplementation hive"; \
 	   echo "spark.hadoop.javax.jdo.option.ConnectionURL jdbc:derby:;databaseName=$(abspath lakehouse)/_metastore/db;create=true"; \
 	   echo "spark.sql.warehouse.dir $(abspath lakehouse)/_warehouse"; \
+	   echo "spark.hadoop.hive.downloaded.resources.dir $${TMPDIR:-/tmp}/delayq-hive/\$${hive.session.id}_resources"; \
 	   echo "spark.driver.extraJavaOptions -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties) -Dderby.stream.error.file=$(abspath lakehouse)/_metastore/derby.log"; } > $@
 	@echo "jars ready in $(JARS)/"
 

@@ -17,6 +17,8 @@ from __future__ import annotations
 
 import logging
 import os
+import tempfile
+import time
 from pathlib import Path
 
 from engine.core.config import EngineConfig
@@ -61,7 +63,39 @@ def hive_conf(path: Path | str, warehouse: str) -> dict[str, str]:
         "spark.sql.catalogImplementation": "hive",
         "spark.hadoop.javax.jdo.option.ConnectionURL": metastore_url(path),
         "spark.sql.warehouse.dir": warehouse,
+        # Hive makes an (empty) folder per session for downloaded resources: in one folder of
+        # delayq's, emptied by later sessions, not scattered over the temp folder.
+        "spark.hadoop.hive.downloaded.resources.dir": (
+            f"{HIVE_RESOURCES}/${{hive.session.id}}_resources"
+        ),
     }
+
+
+#: Where Hive's per-session resource folders go (see :func:`tidy_resources`).
+HIVE_RESOURCES = Path(tempfile.gettempdir()) / "delayq-hive"
+
+
+def tidy_resources(older_than_s: float = 3600.0) -> int:
+    """Remove Hive's empty per-session folders older than ``older_than_s``; how many.
+
+    Example:
+        >>> tidy_resources() >= 0
+        True
+    """
+    removed = 0
+    cutoff = time.time() - older_than_s
+    try:
+        entries = list(HIVE_RESOURCES.iterdir())
+    except OSError:
+        return 0
+    for entry in entries:
+        try:
+            if entry.name.endswith("_resources") and entry.stat().st_mtime < cutoff:
+                entry.rmdir()  # only when empty
+                removed += 1
+        except OSError:
+            continue
+    return removed
 
 
 def holder(path: Path | str) -> int | None:

@@ -23,7 +23,7 @@ from engine.core.config import DEFAULT_CONF, EngineConfig
 from engine.core.errors import SetupError
 from engine.lakehouse.catalog import register_all
 from engine.lakehouse.fs import jvm
-from engine.lakehouse.metastore import catalog_conf, derby_log
+from engine.lakehouse.metastore import catalog_conf, derby_log, tidy_resources
 
 REPO_ROOT = DEFAULT_CONF.parent.parent
 LOG4J_CONF = REPO_ROOT / "conf" / "log4j2.properties"
@@ -164,6 +164,7 @@ def _open_metastore(spark: SparkSession, cfg: EngineConfig) -> None:
     """Open the session's metastore now, not at a table's first use mid-work: a failure is
     one line naming the metastore. Derby's log goes to ``_metastore/derby.log``, not to the
     current folder (read when Derby starts, which is here)."""
+    tidy_resources()
     if cfg.sql_catalog == "embedded":
         log_file = derby_log(cfg)
         log_file.parent.mkdir(parents=True, exist_ok=True)
