@@ -816,6 +816,28 @@ LOCAL_NOTE = (
 )
 
 
+def console() -> None:
+    """The ``delayq`` console script: :func:`main`, then the exit handlers, then leave.
+
+    The process leaves with ``os._exit`` once Python's exit handlers have run (the checkpoint
+    thread's among them) and output is flushed: a finished command is not turned into an
+    abort (exit 134) by a native thread pool's destructor at interpreter exit, as Arrow's
+    can do intermittently (apache/arrow#34314).
+    """
+    import atexit
+    import logging
+    import os
+
+    code = main()
+    try:
+        atexit._run_exitfuncs()
+        logging.shutdown()
+        sys.stdout.flush()
+        sys.stderr.flush()
+    finally:
+        os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``delayq``; returns the process exit code."""
     raw = list(sys.argv[1:] if argv is None else argv)
