@@ -16,7 +16,6 @@ from __future__ import annotations
 import getpass
 import http.client
 import json
-import os
 import socket
 from dataclasses import dataclass
 from urllib.parse import urlsplit
@@ -24,6 +23,7 @@ from urllib.parse import urlsplit
 from engine.control.endpoint import RUN_PATH, EndpointInfo, read_endpoint
 from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError
+from engine.core.processes import alive
 
 #: How long to try to reach an engine before running the command locally.
 CONNECT_TIMEOUT_S = 1.0
@@ -44,19 +44,9 @@ def running_engine(cfg: EngineConfig) -> EndpointInfo | None:
     info = read_endpoint(cfg)
     if info is None:
         return None
-    if info.host == socket.gethostname() and not _alive(info.pid):
+    if info.host == socket.gethostname() and not alive(info.pid):
         return None
     return info
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # someone else's process: alive
-        return True
-    return True
 
 
 def call(

@@ -36,6 +36,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
 from engine.core.errors import ConfigError, SetupError
+from engine.core.processes import alive
 from engine.lakehouse.fs import jvm
 
 #: Written while the server runs, removed when it stops: where SQL clients connect.
@@ -59,21 +60,9 @@ def read_addresses(cfg: EngineConfig) -> dict[str, Any] | None:
         found = json.loads(address_file(cfg).read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(found, dict) or not _alive(found.get("pid")):
+    if not isinstance(found, dict) or not alive(found.get("pid")):
         return None  # left by an engine that was killed
     return found
-
-
-def _alive(pid: object) -> bool:
-    if not isinstance(pid, int) or pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 _THRIFT_PORT = "hive.server2.thrift.port"
