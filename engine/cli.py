@@ -857,15 +857,7 @@ def _dispatch(args: argparse.Namespace, raw: list[str]) -> int:
 
         if SparkSession.getActiveSession() is None:
             print(LOCAL_NOTE.format(lakehouse=cfg.lakehouse_path), file=sys.stderr)
-    if args.command not in NAMED_COMMANDS:
-        # reads and writes by path: no metastore to open, no names to register
-        cfg = cfg.with_overrides(sql_catalog="memory", register_tables=False)
     return COMMANDS[args.command](args, cfg)
-
-
-#: The engine, and the commands that query tables by name (user SQL); the others work by
-#: path and start faster without the metastore.
-NAMED_COMMANDS = frozenset({"run", "sql"})
 
 
 def _in_engine(args: argparse.Namespace, raw: list[str], cfg: EngineConfig) -> int | None:
