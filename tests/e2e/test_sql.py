@@ -84,6 +84,7 @@ def served(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Ite
         "--set", "sql.server.enabled=true",
         "--set", "sql.server.jdbc_port=0",
         "--set", "sql.server.connect_port=0",
+        catalog="embedded",
     )  # fmt: skip
     job = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS)]
     engine = start([*job, "jobs/delay_engine.py", *settings], log)

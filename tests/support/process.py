@@ -37,8 +37,12 @@ def cli(capsys: pytest.CaptureFixture[str], cfg: EngineConfig, *args: str) -> tu
     return code, out.out, out.err
 
 
-def engine_args(cfg: EngineConfig, *extra: str) -> list[str]:
-    """``--set`` arguments that point a job at ``cfg``'s lakehouse and levels."""
+def engine_args(cfg: EngineConfig, *extra: str, catalog: str = "memory") -> list[str]:
+    """``--set`` arguments that point a job at ``cfg``'s lakehouse and levels.
+
+    Names live in ``catalog``: per session by default, which spares each process the 4 s of
+    opening the embedded metastore; tests about names pass ``catalog="embedded"``.
+    """
     settings = {
         "lakehouse.path": cfg.lakehouse,
         "lakehouse.database": cfg.database,
@@ -46,6 +50,7 @@ def engine_args(cfg: EngineConfig, *extra: str) -> list[str]:
         "delivery.progress_interval": "1s",
         "spark.log_level": "ERROR",
         "spark.conf.spark.ui.enabled": "false",
+        "sql.catalog": catalog,
     }
     return [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")] + list(extra)
 
