@@ -40,7 +40,7 @@ from collections.abc import Sequence
 from typing import Any, TextIO
 
 from engine.core.config import DEFAULT_CONF, EngineConfig, load_config, parse_override
-from engine.core.errors import ConfigError, DelayQError, InvalidMessageError
+from engine.core.errors import ConfigError, DelayQError, InvalidMessageError, LakehouseHeldError
 from engine.run.report import run_main, setup_logging
 
 DEMO_TOPICS = ("orders", "notifications")
@@ -397,6 +397,15 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             f"({cfg.levels.source}), database {cfg.database}"
         )
         control = metrics = upkeep = sql = None
+        try:  # one engine per lakehouse: refuses, or stands by (lease.standby)
+            engine.hold(stop=signals.requested, keep=True)
+        except LakehouseHeldError:
+            if not signals.requested.is_set():
+                raise
+        if signals.requested.is_set():
+            engine.stop()
+            print("delayq: interrupted before the engine started", file=sys.stderr)
+            return 130
 
         def send_demo() -> None:
             ids = send_many(spark, cfg, demo_messages(cfg.levels.max_level))
@@ -419,6 +428,7 @@ def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
             )
         finally:
             _stop_all(sql, upkeep, control, metrics)
+            engine.stop()  # (when the engine never ran) lets the lakehouse go
     if args.show:
         show_topics(spark, cfg, args.show)
     if final.quarantined:
@@ -529,6 +539,8 @@ def _start_control(cfg: EngineConfig, spark: Any) -> Any:
 def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq status``: counts per level from the tables and the checkpoint."""
     from engine.control.status import read_status
+    from engine.core.clock import SystemClock
+    from engine.lakehouse.lease import Lease, holder_line
     from engine.lakehouse.session import build_spark
     from engine.lakehouse.tables import ensure_tables
     from engine.run.sql_server import read_addresses
@@ -541,6 +553,9 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     print(f"quarantined {status.quarantined}")
     print(f"cancelled   {status.cancelled}")
     print(f"watermark   {status.watermark}")
+    lease = Lease(spark, cfg.lakehouse, SystemClock(), cfg.lease_timeout_ms)
+    now_ms = int(SystemClock().now().timestamp() * 1000)
+    print(f"engine      {holder_line(lease.holder(), now_ms)}")
     served = read_addresses(cfg)
     if served is not None:
         print(f"sql         {served['jdbc']} (JDBC), {served['connect']} (Spark Connect)")

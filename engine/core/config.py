@@ -250,6 +250,8 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
     "delivery.progress_interval": ("progress_interval_ms", _duration),
     "delivery.topic_writers": ("topic_writers", _positive_int),
+    "lease.timeout": ("lease_timeout_ms", _duration),
+    "lease.standby": ("lease_standby", _bool),
     "spark.master": ("spark_master", _text),
     "spark.app_name": ("app_name", _text),
     "spark.jars_dir": ("jars_dir", _text),
@@ -306,6 +308,10 @@ class EngineConfig:
             recording progress (RocketMQ flushes delayOffset every 10 s; here a round
             that delivers anything always commits at once).
         progress_interval_ms: how often a running job prints its progress line.
+        lease_timeout_ms: how long an engine's hold on the lakehouse lasts without a
+            renewal (``lease.timeout``); it renews every third of it.
+        lease_standby: a second engine waits for the lakehouse instead of refusing to
+            start (``lease.standby``).
         topic_writers: topic tables a round writes at the same time (each is one Delta
             commit, mostly waiting on storage and the driver).
         spark_master: Spark master for sessions the engine builds itself.
@@ -367,6 +373,8 @@ class EngineConfig:
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000
     topic_writers: int = 16
+    lease_timeout_ms: int = 15_000
+    lease_standby: bool = False
     spark_master: str = "local[2]"
     app_name: str = "delayq"
     jars_dir: str = ".jars"
@@ -413,6 +421,12 @@ class EngineConfig:
                 "maintenance.retention",
                 f"{self.maintenance_retention_ms}ms",
                 "must be at least 1h: a replayed round reads the version it planned from",
+            )
+        if self.lease_timeout_ms < 1_000:
+            raise ConfigError(
+                "lease.timeout",
+                f"{self.lease_timeout_ms}ms",
+                "must be at least 1s: the engine renews its lease every third of it",
             )
         if 0 < self.maintenance_interval_ms < 600_000:
             raise ConfigError(

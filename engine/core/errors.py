@@ -64,3 +64,13 @@ class ConsumerError(DelayQError):
 class ConsumerConflictError(RetryableError):
     """Raised when another consumer of the same group committed first: this consumer's
     batch was not committed, and its messages come again on the next poll."""
+
+
+class LakehouseHeldError(DelayQError):
+    """Raised at start when another engine holds the lakehouse's lease; names it (host,
+    pid, since when)."""
+
+
+class FencedError(DelayQError):
+    """Raised when another engine has taken the lakehouse over: this engine's lease epoch
+    is no longer the newest, so it must not plan or commit another round."""

@@ -41,7 +41,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
@@ -52,6 +52,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import Clock, from_millis, to_micros
 from engine.core.config import EngineConfig
+from engine.core.errors import RetryableError
 from engine.deliver.checkpoint import (
     RETAIN_ROUNDS,
     Plan,
@@ -144,6 +145,9 @@ class Delivery:
         clock: the engine clock.
         sinks: builds the topic sinks of a delivery checkpoint (default :class:`Sinks`,
             as ``kafka.sinks`` says).
+        fence: called before a round writes anything and before it commits; raises once
+            this engine no longer holds the lakehouse
+            (:meth:`~engine.lakehouse.lease.Lease.check`).
     """
 
     def __init__(
@@ -153,9 +157,11 @@ class Delivery:
         layout: Layout,
         clock: Clock,
         sinks: SinkFactory = Sinks,
+        fence: Callable[[], None] | None = None,
     ) -> None:
         self.spark = spark
         self.cfg = cfg
+        self.fence = fence or _unfenced
         self.layout = layout
         self.clock = clock
         self._sink_factory = sinks
@@ -279,10 +285,18 @@ class Delivery:
             )
             if high_batch == prev.stamp_batch and not flush_due:
                 return self._result(prev.round, plan, {}, False, False, started, found)
-        if (due or decided) and not replayed:
-            self.offsets.write(
-                plan.round, checkpoint_rows(prev, plan, {}, self.clock.now()), planned=True
-            )
+        self.fence()  # raises once another engine has taken the lakehouse over
+        if not replayed:
+            # Every round that commits is planned first, put-if-absent: one plan per round
+            # number, which any engine that finds it runs again as it is.
+            rows = checkpoint_rows(prev, plan, {}, self.clock.now())
+            try:
+                self.offsets.write(plan.round, rows, planned=True, exclusive=True)
+            except FileExistsError as err:
+                self.fence()  # if still ours, an engine fenced since planned it: replay it
+                raise RetryableError(
+                    f"delivery round {plan.round} was planned by an engine fenced since ({err})"
+                ) from err
             self.pending = plan
         if resolution is not None and decided:
             self._apply_commands(resolution, plan, high_batch)
@@ -445,7 +459,15 @@ class Delivery:
             queues=queues,
             commands_version=plan.commands_version,
         )
-        self.offsets.write(plan.round, checkpoint_rows(progress, None, delivered, self.clock.now()))
+        self.fence()
+        rows = checkpoint_rows(progress, None, delivered, self.clock.now())
+        try:  # put-if-absent: a fenced engine paused past the check above cannot commit
+            self.offsets.write(plan.round, rows, exclusive=True)
+        except FileExistsError as err:
+            self.fence()  # if still ours, an engine fenced since committed the same plan
+            raise RetryableError(
+                f"delivery round {plan.round} was committed by an engine fenced since ({err})"
+            ) from err
         self.progress, self.pending = progress, None
         self._retired = Window(progress.watermark, progress.watermark, progress.stamp_batch)
         self._schedule.retire(plan.schedule_version, done=self._retired.passed)
@@ -506,3 +528,7 @@ def _from_ms(ms: int | None) -> datetime | None:
 
 
 __all__ = ["Delivery", "RoundResult"]
+
+
+def _unfenced() -> None:
+    """The fence of a delivery outside an engine (tests, tools): none."""

@@ -8,7 +8,10 @@ Example:
 from __future__ import annotations
 
 import json
+import os
+import uuid
 from typing import Any
+from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
 
@@ -59,6 +62,81 @@ def list_files(spark: SparkSession, folder: str, suffix: str = "") -> list[str]:
         and (name := status.getPath().getName()).endswith(suffix)
         and not name.startswith((".", "_"))
     )
+
+
+def local_path(location: str) -> str | None:
+    """The path on this machine's filesystem of a plain path or ``file:`` URI, else ``None``.
+
+    Example:
+        >>> local_path("file:///lake/x"), local_path("/lake/x"), local_path("s3a://b/x")
+        ('/lake/x', '/lake/x', None)
+    """
+    parsed = urlparse(location)
+    if parsed.scheme == "file":
+        return parsed.path
+    return location if parsed.scheme == "" else None
+
+
+def put_if_absent(spark: SparkSession, location: str, data: bytes) -> bool:
+    """Create the file ``location`` holding ``data``, unless it exists; whether it did.
+
+    Atomic: of writers racing for one name exactly one creates it, and a reader sees the
+    file whole or not at all. On a local disk the data goes to a hidden temporary file that
+    is then hard-linked to its name (``link`` fails when the name exists); elsewhere
+    through Hadoop's ``createFile(...).overwrite(false)``, atomic on HDFS and on object
+    stores that support conditional writes.
+
+    Example:
+        >>> put_if_absent(spark, "/lake/_engine/lease/00000000000000000001.json", b"{}")
+        ... # doctest: +SKIP
+        True
+    """
+    local = local_path(location)
+    if local is not None:
+        folder = os.path.dirname(local)
+        os.makedirs(folder, exist_ok=True)
+        temp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+        with open(temp, "wb") as out:
+            out.write(data)
+            out.flush()
+            os.fsync(out.fileno())
+        try:
+            os.link(temp, local)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.remove(temp)
+    path, fs = hadoop_path(spark, location)
+    try:
+        stream = fs.createFile(path).overwrite(False).build()
+        try:
+            stream.write(bytearray(data))
+        finally:
+            stream.close()  # a conditional PUT is made here
+    except Exception as err:  # py4j's Py4JJavaError
+        if "FileAlreadyExistsException" in str(err) or "PreconditionFailed" in str(err):
+            return False
+        raise
+    return True
+
+
+def write_text(spark: SparkSession, location: str, text: str) -> None:
+    """Write a small file whole, replacing it (a reader sees the old text or the new)."""
+    local = local_path(location)
+    if local is not None:
+        os.makedirs(os.path.dirname(local), exist_ok=True)
+        temp = os.path.join(os.path.dirname(local), f".tmp-{uuid.uuid4().hex}")
+        with open(temp, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(temp, local)
+        return
+    path, fs = hadoop_path(spark, location)
+    stream = fs.create(path, True)  # an object store's PUT replaces the object whole
+    try:
+        stream.write(bytearray(text.encode("utf-8")))
+    finally:
+        stream.close()
 
 
 def stream_query_id(spark: SparkSession, checkpoint: str) -> str:

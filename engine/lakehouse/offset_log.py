@@ -22,7 +22,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from engine.lakehouse.fs import hadoop_path, jvm, read_lines
+from engine.lakehouse.fs import hadoop_path, jvm, put_if_absent, read_lines
 
 _NAME = re.compile(r"^(\d{20})(\.plan)?\.json$")
 
@@ -74,18 +74,22 @@ class OffsetLog:
         planned: bool = False,
         exclusive: bool = False,
     ) -> None:
-        """Write one round's rows atomically; an existing file of that name is replaced.
+        """Write one round's rows atomically; an existing file of that name is replaced,
+        unless ``exclusive`` (put-if-absent: of two writers of one round, one fails).
 
         Raises:
             FileExistsError: ``exclusive`` and the round's file exists (another writer).
         """
         text = "".join(json.dumps(dict(row), default=str) + "\n" for row in rows)
+        if exclusive:
+            location = f"{self.path.rstrip('/')}/{self.file_name(round_, planned)}"
+            if not put_if_absent(self.spark, location, text.encode("utf-8")):
+                raise FileExistsError(f"{location} exists")
+            return
         if not self._made:
             self._fs.mkdirs(self._dir)
             self._made = True
         final = self._jvm.org.apache.hadoop.fs.Path(self._dir, self.file_name(round_, planned))
-        if exclusive and self._fs.exists(final):
-            raise FileExistsError(f"{self.path}/{self.file_name(round_, planned)} exists")
         temp = self._jvm.org.apache.hadoop.fs.Path(self._dir, f".tmp-{uuid.uuid4().hex}")
         stream = self._fs.create(temp, True)
         try:

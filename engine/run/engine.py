@@ -31,13 +31,20 @@ from pyspark.sql import SparkSession
 from engine.control.status import Status, read_status
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
-from engine.core.errors import DelayQError, DeliveryError, RetryableError, StampError
+from engine.core.errors import (
+    DelayQError,
+    DeliveryError,
+    FencedError,
+    RetryableError,
+    StampError,
+)
 from engine.deliver.lateness import Lateness
 from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
 from engine.lakehouse.catalog import Catalog
 from engine.lakehouse.layout import layout
+from engine.lakehouse.lease import Heartbeat, Lease
 from engine.lakehouse.tables import ensure_tables
 from engine.stamp.stamper import Stamper
 
@@ -125,8 +132,10 @@ class Engine:
         self.clock = clock or SystemClock()
         self.out = out
         self.layout = layout(cfg)
-        self.stamper = Stamper(spark, cfg, self.layout, self.clock)
-        self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks)
+        # The lease is about real time between processes: the system clock, always.
+        self.lease = Lease(spark, cfg.lakehouse, SystemClock(), cfg.lease_timeout_ms)
+        self.stamper = Stamper(spark, cfg, self.layout, self.clock, fence=self.lease.check)
+        self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks, fence=self.lease.check)
         self.catalog = Catalog(spark, cfg)
         self.stats = DeliveryStats()
         self._listeners: list[RoundListener] = []
@@ -135,6 +144,7 @@ class Engine:
         self._loop_error: BaseException | None = None
         self._stopping = threading.Event()
         self._round = threading.Lock()  # held while a delivery round runs
+        self._heartbeat: Heartbeat | None = None
         self._opened = False
 
     # ----------------------------------------------------------------- start-up
@@ -148,6 +158,7 @@ class Engine:
         """
         if self._opened:
             return self
+        self.hold()
         ensure_tables(self.spark, self.cfg)
         self.delivery.open()
         check_checkpoints(
@@ -162,6 +173,23 @@ class Engine:
         self._recover()
         self._opened = True
         return self
+
+    def hold(self, stop: threading.Event | None = None, keep: bool = False) -> None:
+        """Take the lakehouse's lease unless this engine holds it (one engine per lakehouse).
+
+        Args:
+            stop: with ``lease.standby``, give up waiting once this is set (Ctrl-C).
+            keep: renew the lease in the background from now on (until :meth:`stop`), as a
+                running engine does; without it, each :meth:`step` renews it.
+
+        Raises:
+            LakehouseHeldError: another engine holds the lakehouse; the message names it
+                (host, pid, since when). With ``lease.standby`` this waits instead.
+        """
+        if not self.lease.held:
+            self.lease.acquire(standby=self.cfg.lease_standby, stop=stop)
+        if keep and self._heartbeat is None and self.lease.held:
+            self._heartbeat = Heartbeat(self.lease, self._fenced).start()
 
     def _recover(self) -> None:
         if self.delivery.pending is not None:
@@ -187,6 +215,8 @@ class Engine:
     def stamp_available(self) -> int:
         """Stamp everything in ``commitlog`` now; returns how many rows were stamped."""
         self.open()
+        self.hold()
+        self._renew()
         return self.stamper.run_available()
 
     def step(self) -> RoundResult:
@@ -194,6 +224,11 @@ class Engine:
         self.open()
         self.stamp_available()
         return self._deliver()
+
+    def _renew(self) -> None:
+        """Without the background renewal (stepping by hand), renew at each step."""
+        if self._heartbeat is None:
+            self.lease.renew()
 
     def _deliver(self) -> RoundResult:
         result = self.delivery.run_round()
@@ -299,6 +334,7 @@ class Engine:
     def start(self) -> None:
         """Start the stamping and delivery stages in the background."""
         self.open()
+        self.hold(keep=True)
         if any(t is not None and t.is_alive() for t in (self._loop, self._stamp_loop)):
             raise RuntimeError("the engine is running: stop() it before starting it again")
         self._stopping.clear()
@@ -309,6 +345,12 @@ class Engine:
         self._stamp_loop.start()
         self._loop = threading.Thread(target=self._delivery_loop, name=DELIVER_QUERY, daemon=True)
         self._loop.start()
+
+    def _fenced(self, err: FencedError) -> None:
+        """Another engine took the lakehouse over: stop both stages, report the error."""
+        log.error("%s", err)
+        self._loop_error = err
+        self._stopping.set()
 
     def stop(self) -> None:
         """Stop the delivery and stamping stages; a round or batch in progress finishes first
@@ -322,6 +364,11 @@ class Engine:
                 thread.join(timeout=STOP_WAIT_S)
                 if not thread.is_alive():
                     setattr(self, attr, None)
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+            self._heartbeat = None
+        if self._loop is None and self._stamp_loop is None:
+            self.lease.release()  # nothing runs: the next engine may take over at once
 
     def wait_until_warm(
         self, timeout_s: float = 120.0, stop: threading.Event | None = None
@@ -389,6 +436,9 @@ class Engine:
         """
         stop = stop or threading.Event()
         interval = self.cfg.progress_interval_ms / 1000
+        self.hold(stop, keep=True)
+        if stop.is_set():
+            return self.status()  # stopped while standing by
         self.start()
         try:
             if when_warm is not None:

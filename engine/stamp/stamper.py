@@ -27,6 +27,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
@@ -112,10 +113,20 @@ class Stamper:
             ``stamp.max_bytes_per_batch``).
         layout: the lakehouse.
         clock: the stamping time of each batch.
+        fence: called before a new batch is planned; raises once this engine no longer
+            holds the lakehouse (:meth:`~engine.lakehouse.lease.Lease.check`).
     """
 
-    def __init__(self, spark: SparkSession, cfg: EngineConfig, layout: Layout, clock: Clock):
+    def __init__(
+        self,
+        spark: SparkSession,
+        cfg: EngineConfig,
+        layout: Layout,
+        clock: Clock,
+        fence: Callable[[], None] | None = None,
+    ):
         self.spark = spark
+        self.fence = fence or _unfenced
         self.cfg = cfg
         self.layout = layout
         self.source = CommitlogSource(layout.commitlog)
@@ -198,6 +209,7 @@ class Stamper:
                 self._position = end  # versions that added no data
                 return None
             plan = StampPlan(self._next_batch, self._position, end)
+            self.fence()  # raises once another engine has taken the lakehouse over
             try:
                 self.plans.write(plan.batch, [plan.row()], exclusive=True)
             except FileExistsError as err:
@@ -278,3 +290,7 @@ def _spark_offset(spark: SparkSession, checkpoint: str, batch: int) -> Position:
         f"(file {index}; {checkpoint}/offsets/{batch}): run that version until nothing is "
         "left to stamp, then start this one"
     )
+
+
+def _unfenced() -> None:
+    """The fence of a stamper outside an engine (tests, tools): none."""

@@ -131,14 +131,14 @@ def test_a_bug_shows_one_line_naming_the_log_file_with_the_traceback(
     assert "JVM stack trace:" in trace and "java.lang.Integer.parseInt(" in trace
 
 
-@pytest.mark.parametrize("attempt", [1, 2])
 def test_engine_producers_and_a_consumer_started_at_once_on_a_new_lakehouse(
-    spark: SparkSession, make_cfg: Any, tmp_path: Path, attempt: int
+    spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
     cfg = make_cfg()
-    settings = engine_args(cfg, "--set", "spark.log_level=WARN")
+    # the default catalog: all four race for the embedded metastore as well
+    settings = engine_args(cfg, "--set", "spark.log_level=WARN", catalog="embedded")
     lines = "\n".join(settings[1::2])  # the --set values, for the consumer process
-    ids = [f"race-{attempt}-a", f"race-{attempt}-b"]
+    ids = ["race-a", "race-b"]
     delayq = str(VENV_BIN / "delayq")
     logs = {name: tmp_path / f"{name}.log" for name in ("engine", "p0", "p1", "consumer")}
     procs = {
@@ -258,3 +258,52 @@ def test_kill_storm_every_message_once_never_early(
     ]
     assert sum(r.startswith("duplicate: ") for r in reasons) == resent  # each retry, once
     assert reasons.count("topic is missing") == 2 * len(STORM)
+
+
+def test_a_second_engine_is_refused_and_a_standby_takes_over_when_the_first_stops(
+    spark: SparkSession, make_cfg: Any, tmp_path: Path
+) -> None:
+    cfg = make_cfg()
+    delayq = str(VENV_BIN / "delayq")
+    run = [delayq, "run", *engine_args(cfg)]
+    logs = {name: tmp_path / f"{name}.log" for name in ("a", "b", "standby")}
+    # two engines started together: one takes the lakehouse, the other refuses at once
+    procs = {name: start(run, logs[name]) for name in ("a", "b")}
+    try:
+        finished = wait_any(procs, 180)
+        refused = logs[finished].read_text()
+        (runner,) = set(procs) - {finished}
+        assert procs[finished].returncode == 2, refused[-3000:]
+        expected = f"another engine holds the lakehouse {cfg.lakehouse}: host "
+        assert expected in refused and f", pid {procs[runner].pid}, since " in refused, refused
+        assert "Traceback" not in refused
+        standby = start([*run, "--set", "lease.standby=true"], logs["standby"])
+        procs["standby"] = standby
+        wait_for(lambda: "standing by" in logs["standby"].read_text(), 120, "a standby")
+        ids = send_many(spark, cfg, [Message("orders", f"m{i}", delay_level=1) for i in range(20)])
+        wait_for(lambda: len(delivered_rows(spark, cfg)) > 0, 120, "deliveries by the first")
+        os.killpg(procs[runner].pid, signal.SIGINT)  # Ctrl-C: it stops and lets go
+        assert procs[runner].wait(60) == 0, logs[runner].read_text()[-3000:]
+        late = send_many(spark, cfg, [Message("orders", f"n{i}", delay_level=2) for i in range(20)])
+        wait_for(
+            lambda: len(delivered_rows(spark, cfg)) == len(ids) + len(late), 120, "the standby"
+        )
+        status = subprocess.run(
+            [delayq, "status", *engine_args(cfg)], capture_output=True, text=True, timeout=120
+        )
+        assert f", pid {standby.pid}, since " in status.stdout, status.stdout + status.stderr
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids + late)
+
+
+def wait_any(procs: dict[str, Any], timeout: float) -> str:
+    """The name of the first of ``procs`` to exit; fails after ``timeout``."""
+    wait_for(
+        lambda: any(p.poll() is not None for p in procs.values()),
+        timeout,
+        "one of the engines to exit",
+    )
+    return next(n for n, p in procs.items() if p.poll() is not None)

@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
+from engine.core.errors import RetryableError
 from engine.deliver.checkpoint import Plan
 from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
@@ -141,8 +142,10 @@ def test_replaying_a_committed_round_changes_nothing(
     progress = engine.delivery.progress
     engine.delivery.progress = type(progress)(checkpoint_id=progress.checkpoint_id)
     engine.delivery.pending = Plan(progress.round, progress.watermark, progress.schedule_version)
-    engine.delivery.run_round()
+    with pytest.raises(RetryableError, match="round 0 was committed by an engine fenced since"):
+        engine.delivery.run_round()  # its commit file exists: put-if-absent refuses it
     assert len(delivered_rows(spark, cfg)) == len(before)
+    assert engine.delivery.progress == progress  # the committed progress, read again
 
 
 def test_stamping_replay_stores_nothing_twice(

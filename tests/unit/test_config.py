@@ -37,6 +37,8 @@ def test_dedup_window_defaults_to_the_longest_level_and_can_be_off() -> None:
     [
         ("levels.delays", "1s 2q", "'2q'"),
         ("delivery.poll_interval", "fast", "fast"),
+        ("lease.timeout", "500ms", "at least 1s"),
+        ("lease.standby", "later", "true or false"),
         ("delivery.poll_interval", "0ms", "greater than 0"),
         ("messages.max_body_bytes", "-1", "greater than 0"),
         ("lakehouse.database", "my-db", "SQL identifier"),
