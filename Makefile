@@ -22,8 +22,9 @@ PEERS     ?= ../shared/peers/rocketmq
 WITH_PEERS ?=
 
 KAFKA_HOME := .kafka
+CLUSTER_HOME := .cluster
 
-.PHONY: help setup venv jars kafka-jars kafka-up kafka-down ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports clean distclean
+.PHONY: help setup venv jars kafka-jars kafka-up kafka-down cluster-up cluster-down cluster-status ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
@@ -78,6 +79,15 @@ kafka-up: venv kafka-jars ## Start a local Kafka broker (KRaft) on 127.0.0.1:909
 kafka-down: venv ## Stop the local Kafka broker
 	$(BIN)/python -m jobs.tools.broker down --home $(KAFKA_HOME)
 
+cluster-up: setup ## Start a local Spark standalone cluster: master spark://127.0.0.1:7077, 2 workers, in .cluster/
+	$(BIN)/python -m jobs.tools.cluster up --home $(CLUSTER_HOME) $(ARGS)
+
+cluster-down: venv ## Stop the local Spark cluster
+	$(BIN)/python -m jobs.tools.cluster down --home $(CLUSTER_HOME)
+
+cluster-status: venv ## Show the cluster's master, workers (cores, memory) and running applications
+	$(BIN)/python -m jobs.tools.cluster status --home $(CLUSTER_HOME)
+
 ingest: setup ## Run the Kafka ingest job (kafka.ingest_topics -> commitlog) until Ctrl-C
 	$(SUBMIT) jobs/kafka_ingest.py $(ARGS)
 
@@ -121,5 +131,5 @@ imports: venv ## The layout's import contracts (pyproject.toml [tool.importlinte
 clean: ## Remove the local lakehouse and test leftovers (keeps .venv and .jars)
 	rm -rf lakehouse spark-warehouse metastore_db derby.log .pytest_cache .mypy_cache .ruff_cache
 
-distclean: clean ## Also remove .venv, .jars and .kafka (stop the broker first: make kafka-down)
-	rm -rf $(VENV) $(JARS) $(KAFKA_HOME)
+distclean: clean ## Also remove .venv, .jars, .kafka and .cluster (stop them first: make kafka-down cluster-down)
+	rm -rf $(VENV) $(JARS) $(KAFKA_HOME) $(CLUSTER_HOME)
