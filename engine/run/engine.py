@@ -197,8 +197,14 @@ class Engine:
             self.out(
                 f"replaying interrupted delivery round {plan.round} (watermark {plan.watermark})"
             )
-            result = self._deliver()
-            self.out(f"round {result.round} replayed: {result.delivered} rows written")
+            try:
+                result = self._deliver()
+            except RetryableError as err:  # e.g. a listing that missed the newest commit
+                log.warning(
+                    "replaying round %d: %s; the delivery stage tries again", plan.round, err
+                )
+            else:
+                self.out(f"round {result.round} replayed: {result.delivered} rows written")
         # A plan still pending (its replay waits for the clock) has fixed a later watermark.
         floor = (self.delivery.pending or self.delivery.progress).watermark
         corrected = correct_deliver_timestamps(

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -322,6 +324,67 @@ def test_a_failed_commit_never_reuses_a_round_number(
     clock.advance(seconds=5)
     assert engine.step().round == committed + 1
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+
+
+def test_a_commit_that_fails_half_way_is_run_again_from_its_plan(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.lakehouse import offset_log
+
+    ids = send_many(spark, cfg, mixed_messages(12), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    real_put = offset_log.put_if_absent
+
+    def half_written(spark_: SparkSession, location: str, data: bytes) -> bool:
+        if "delay_offset" in location and not location.endswith(".plan.json"):
+            folder = Path(location).parent
+            (folder / ".tmp-cut-short").write_bytes(data[: len(data) // 2])
+            raise OSError("the store went away half way through the write")
+        return real_put(spark_, location, data)
+
+    monkeypatch.setattr(offset_log, "put_if_absent", half_written)
+    clock.advance(seconds=1)
+    with pytest.raises(OSError):
+        engine.step()
+    monkeypatch.setattr(offset_log, "put_if_absent", real_put)
+    assert engine.delivery.pending is not None, "the round's plan is what is durable"
+    for _ in range(4):
+        clock.advance(seconds=1)
+        engine.step()
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+
+
+def test_a_listing_that_misses_the_newest_commit_duplicates_nothing(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from engine.lakehouse.offset_log import OffsetLog
+
+    first = send_many(spark, cfg, mixed_messages(12), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    for _ in range(4):
+        clock.advance(seconds=1)
+        engine.step()
+    committed = engine.delivery.progress.round
+    real_rounds = OffsetLog._rounds
+    misses = {"left": 3}
+
+    def stale_listing(self: OffsetLog) -> tuple[list[int], list[int]]:
+        done, planned = real_rounds(self)
+        if self.path == layout(cfg).delay_offset and misses["left"] > 0 and done:
+            misses["left"] -= 1
+            return done[:-1], planned  # the newest commit is not listed yet
+        return done, planned
+
+    monkeypatch.setattr(OffsetLog, "_rounds", stale_listing)
+    restarted = Engine(spark, cfg, clock, out=lambda _: None).open()  # believes round k-1
+    later = send_many(spark, cfg, mixed_messages(6), clock)
+    for _ in range(8):
+        clock.advance(seconds=1)
+        with contextlib.suppress(RetryableError):  # the engine's loop retries after a pause
+            restarted.step()
+    assert misses["left"] == 0
+    assert restarted.delivery.progress.round > committed
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), first + later)
 
 
 def test_producers_do_not_migrate_an_old_lakehouse_the_engine_does(
