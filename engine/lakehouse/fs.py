@@ -7,6 +7,8 @@ Example:
 
 from __future__ import annotations
 
+import ctypes
+import errno
 import json
 import os
 import uuid
@@ -14,6 +16,8 @@ from typing import Any
 from urllib.parse import urlparse
 
 from pyspark.sql import SparkSession
+
+from engine.core.errors import SetupError
 
 
 def jvm(spark: SparkSession) -> Any:
@@ -81,44 +85,70 @@ def put_if_absent(spark: SparkSession, location: str, data: bytes) -> bool:
     """Create the file ``location`` holding ``data``, unless it exists; whether it did.
 
     Atomic: of writers racing for one name exactly one creates it, and a reader sees the
-    file whole or not at all. On a local disk the data goes to a hidden temporary file that
-    is then hard-linked to its name (``link`` fails when the name exists); elsewhere
-    through Hadoop's ``createFile(...).overwrite(false)``, atomic on HDFS and on object
-    stores that support conditional writes.
+    file whole or not at all. The data goes to a hidden temporary file that is then
+    hard-linked to its name (``link`` fails when the name exists), or, on a filesystem
+    without hard links, renamed with ``RENAME_NOREPLACE``.
 
     Example:
         >>> put_if_absent(spark, "/lake/_engine/lease/00000000000000000001.json", b"{}")
         ... # doctest: +SKIP
         True
+
+    Raises:
+        SetupError: ``location`` is not on this machine's filesystem (object stores are not
+            supported yet), or the filesystem can neither link nor rename without replacing.
     """
     local = local_path(location)
-    if local is not None:
-        folder = os.path.dirname(local)
-        os.makedirs(folder, exist_ok=True)
-        temp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
-        with open(temp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        try:
-            os.link(temp, local)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            os.remove(temp)
-    path, fs = hadoop_path(spark, location)
+    if local is None:
+        raise SetupError(
+            f"{location}: only a local folder (or file:// URI) can hold the lakehouse for now"
+        )
+    folder = os.path.dirname(local)
+    os.makedirs(folder, exist_ok=True)
+    temp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+    with open(temp, "wb") as out:
+        out.write(data)
+        out.flush()
+        os.fsync(out.fileno())
     try:
-        stream = fs.createFile(path).overwrite(False).build()
-        try:
-            stream.write(bytearray(data))
-        finally:
-            stream.close()  # a conditional PUT is made here
-    except Exception as err:  # py4j's Py4JJavaError
-        if "FileAlreadyExistsException" in str(err) or "PreconditionFailed" in str(err):
+        os.link(temp, local)
+        return True
+    except FileExistsError:
+        return False
+    except OSError as err:
+        if err.errno not in _NO_LINKS:
+            raise
+        return _rename_noreplace(temp, local)
+    finally:
+        if os.path.exists(temp):
+            os.remove(temp)
+
+
+#: What ``link`` says on a filesystem without hard links.
+_NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK)
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def _rename_noreplace(temp: str, final: str) -> bool:
+    """``renameat2(temp, final, RENAME_NOREPLACE)``; whether it renamed (False: exists)."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    renameat2 = getattr(libc, "renameat2", None)
+    if renameat2 is not None:
+        done = renameat2(
+            _AT_FDCWD, os.fsencode(temp), _AT_FDCWD, os.fsencode(final), _RENAME_NOREPLACE
+        )
+        if done == 0:
+            return True
+        code = ctypes.get_errno()
+        if code == errno.EEXIST:
             return False
-        raise
-    return True
+        if code not in (errno.EINVAL, errno.ENOSYS, *_NO_LINKS):
+            raise OSError(code, os.strerror(code), final)
+    raise SetupError(
+        f"{os.path.dirname(final)}: this filesystem can neither make hard links nor rename "
+        "without replacing, which the lakehouse's lease and delayOffset log need"
+    )
 
 
 def write_text(spark: SparkSession, location: str, text: str) -> None:

@@ -44,7 +44,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import Clock
 from engine.core.errors import FencedError, LakehouseHeldError
-from engine.core.processes import alive
+from engine.core.processes import alive, machine_key, started
 from engine.lakehouse.fs import hadoop_path, list_files, put_if_absent, read_text, write_text
 
 log = logging.getLogger("delayq")
@@ -68,6 +68,8 @@ class Holder:
         renewed_ms: when it last renewed its lease.
         timeout_ms: how long the lease lasts without a renewal.
         released: whether it let the lakehouse go (a clean stop).
+        machine: its machine and pid namespace (:func:`~engine.core.processes.machine_key`).
+        pid_start: when its process started (with ``pid``, one process even if reused).
     """
 
     epoch: int
@@ -78,6 +80,8 @@ class Holder:
     renewed_ms: int
     timeout_ms: int
     released: bool = False
+    machine: str = ""
+    pid_start: int = 0
 
     def lapsed(self, now_ms: int) -> bool:
         """Whether the lease is over: released, not renewed in time, or its process is gone
@@ -91,7 +95,9 @@ class Holder:
         """
         if self.released or now_ms - self.renewed_ms > self.timeout_ms:
             return True
-        return self.host == socket.gethostname() and not alive(self.pid)
+        if self.machine != machine_key():
+            return False  # another machine: only its renewals tell
+        return not alive(self.pid) or started(self.pid) != self.pid_start
 
     def describe(self, now_ms: int) -> str:
         """``host H, pid P, since <UTC time> (epoch E, renewed 1.2 s ago)``.
@@ -199,9 +205,10 @@ class Lease:
                 epoch = (current.epoch if current else 0) + 1
                 mine = Holder(
                     epoch, uuid.uuid4().hex, socket.gethostname(), os.getpid(), now, now,
-                    self.timeout_ms,
+                    self.timeout_ms, machine=machine_key(), pid_start=started(os.getpid()),
                 )  # fmt: skip
-                if put_if_absent(self.spark, self._claim_path(epoch), _json(mine)):
+                claimed = put_if_absent(self.spark, self._claim_path(epoch), _json(mine))
+                if claimed and self.epochs()[-1] == epoch:
                     self.mine = mine
                     self._tidy(epoch)
                     if current is not None and not current.released:
@@ -227,7 +234,11 @@ class Lease:
     def _same_process(self, holder: Holder) -> bool:
         """A claim made by this very process (another engine object, or this one before a
         restart in the same interpreter): the newer object takes over."""
-        return holder.host == socket.gethostname() and holder.pid == os.getpid()
+        return (
+            holder.machine == machine_key()
+            and holder.pid == os.getpid()
+            and holder.pid_start == started(os.getpid())
+        )
 
     def check(self) -> None:
         """Raise unless this engine's epoch is still the newest.

@@ -135,6 +135,7 @@ class Engine:
         # The lease is about real time between processes: the system clock, always.
         self.lease = Lease(spark, cfg.lakehouse, SystemClock(), cfg.lease_timeout_ms)
         self.stamper = Stamper(spark, cfg, self.layout, self.clock, fence=self.lease.check)
+        self._sinks = sinks
         self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks, fence=self.lease.check)
         self.catalog = Catalog(spark, cfg)
         self.stats = DeliveryStats()
@@ -188,8 +189,21 @@ class Engine:
         """
         if not self.lease.held:
             self.lease.acquire(standby=self.cfg.lease_standby, stop=stop)
+            if self._opened:
+                # Held again after a stop: another engine may have run meanwhile, so what
+                # this one knew (progress, the next batch) is read again.
+                self._reload()
         if keep and self._heartbeat is None and self.lease.held:
             self._heartbeat = Heartbeat(self.lease, self._fenced).start()
+
+    def _reload(self) -> None:
+        fence = self.lease.check
+        self.stamper = Stamper(self.spark, self.cfg, self.layout, self.clock, fence=fence)
+        self.delivery = Delivery(
+            self.spark, self.cfg, self.layout, self.clock, self._sinks, fence=fence
+        )
+        self._opened = False
+        self.open()
 
     def _recover(self) -> None:
         if self.delivery.pending is not None:
@@ -288,6 +302,13 @@ class Engine:
         except BaseException as err:  # terminal: run() (check_queries) reports it
             log.error("the stamping stage stopped: %s", err, exc_info=err)
             self._loop_error = err
+            self._stop_renewing()
+
+    def _stop_renewing(self) -> None:
+        """A stage died: let the lease run out, so that a standby may take over."""
+        heartbeat = self._heartbeat
+        if heartbeat is not None:
+            heartbeat.stop()
 
     def _stamping_failed(self, err: Exception, failing: int) -> int:
         failing += 1
@@ -308,6 +329,7 @@ class Engine:
         except BaseException as err:  # terminal: run() (check_queries) reports it
             log.error("the delivery stage stopped: %s", err, exc_info=err)
             self._loop_error = err
+            self._stop_renewing()
 
     def _tick(self) -> None:
         if self._stopping.is_set():
@@ -339,10 +361,10 @@ class Engine:
 
     def start(self) -> None:
         """Start the stamping and delivery stages in the background."""
-        self.open()
-        self.hold(keep=True)
         if any(t is not None and t.is_alive() for t in (self._loop, self._stamp_loop)):
             raise RuntimeError("the engine is running: stop() it before starting it again")
+        self.hold(keep=True)  # renewing from now: opening may take longer than the lease
+        self.open()
         self._stopping.clear()
         self._loop_error = None
         self._stamp_loop = threading.Thread(

@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import Clock
 from engine.core.config import EngineConfig
-from engine.core.errors import CheckpointError
+from engine.core.errors import CheckpointError, RetryableError
 from engine.lakehouse.fs import list_files, read_text
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.offset_log import OffsetLog
@@ -159,16 +159,10 @@ class Stamper:
         """
         if self._opened:
             return self
-        last, rows, _ = self.plans.latest()
-        if last is not None and not rows:
-            raise CheckpointError(f"{self.plans.path}: the plan of batch {last} is empty")
-        plan = StampPlan.from_row(rows[0]) if last is not None else None
-        if plan is None:
-            plan = spark_stream_plan(self.spark, self.layout.checkpoint("stamp"))
-            if plan is not None:
-                log.info("carrying on from the stamping stream's batch %d", plan.batch)
-                self.plans.write(plan.batch, [plan.row()])
+        plan = self._newest_plan()
         held = max(highest_batch(table) for table in self.writer.tables())
+        if plan is not None and held > plan.batch:
+            plan = self._newest_plan()  # planned and stamped meanwhile by an engine fenced since?
         if plan is not None and held > plan.batch:
             raise CheckpointError(
                 f"{self.layout.schedule} holds stamping batch {held} but the stamping log "
@@ -181,6 +175,18 @@ class Stamper:
             self._next_batch = plan.batch
         self._opened = True
         return self
+
+    def _newest_plan(self) -> StampPlan | None:
+        last, rows, _ = self.plans.latest()
+        if last is not None and not rows:
+            raise CheckpointError(f"{self.plans.path}: the plan of batch {last} is empty")
+        plan = StampPlan.from_row(rows[0]) if last is not None else None
+        if plan is None:
+            plan = spark_stream_plan(self.spark, self.layout.checkpoint("stamp"))
+            if plan is not None:
+                log.info("carrying on from the stamping stream's batch %d", plan.batch)
+                self.plans.write(plan.batch, [plan.row()])
+        return plan
 
     def run_batch(self) -> BatchResult | None:
         """Stamp the next batch of new files (or run the newest plan again after a restart or
@@ -213,9 +219,13 @@ class Stamper:
             try:
                 self.plans.write(plan.batch, [plan.row()], exclusive=True)
             except FileExistsError as err:
-                raise CheckpointError(
-                    f"stamping batch {plan.batch} was planned by someone else ({err}): "
-                    "is another engine running on this lakehouse?"
+                # Planned by another stamper: fenced since if this engine still holds the
+                # lakehouse (else the check raises). Run that plan, as after a restart.
+                self.fence()
+                self._opened = False
+                raise RetryableError(
+                    f"stamping batch {plan.batch} was planned by another stamper ({err}); "
+                    "running its plan"
                 ) from err
         self._replay = plan  # until written: a failure runs this plan again, never a new one
         rows = self.source.read(files)

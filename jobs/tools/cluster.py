@@ -67,10 +67,17 @@ _CHILDREN: dict[int, subprocess.Popen[bytes]] = {}
 
 
 def _running(pid: int | None) -> bool:
+    """Whether ``pid`` is a Spark daemon that runs (not a zombie, not a reused pid)."""
     child = _CHILDREN.get(pid or -1)
     if child is not None:
         return child.poll() is None
-    return alive(pid)
+    if not alive(pid):
+        return False
+    try:
+        command = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
+    return b"org.apache.spark.deploy." in command
 
 
 class ClusterError(SetupError):
@@ -175,10 +182,16 @@ def start(
     """
     home = home.resolve()
     home.mkdir(parents=True, exist_ok=True)
+    for stale in [p for p in home.glob("*.pid") if not _running(_pid(home, p.stem))]:
+        stale.unlink()  # after a reboot, a crash or a kill: start that one again
+    conf = home / "daemons.conf"
+    # a port in use is an error, not a silent move to the next one (read_state looks here)
+    conf.write_text("spark.port.maxRetries 0\n")
     began = time.monotonic()
     launched = False
     if not _running(_pid(home, "master")):
-        args = [MASTER_CLASS, "--host", HOST, "--port", str(port), "--webui-port", str(ui_port)]
+        args = [MASTER_CLASS, "--host", HOST, "--port", str(port), "--webui-port", str(ui_port),
+                "--properties-file", str(conf)]  # fmt: skip
         _launch(home, "master", args)
         launched = True
     _wait(home, "master", lambda: read_state(home, ui_port) is not None, began + timeout)
@@ -193,7 +206,8 @@ def start(
             home,
             name,
             [WORKER_CLASS, "--host", HOST, "--cores", str(cores), "--memory", memory,
-             "--work-dir", str(work), "--webui-port", "0", master_url],
+             "--work-dir", str(work), "--webui-port", "0", "--properties-file", str(conf),
+             master_url],
         )  # fmt: skip
         launched = True
 
@@ -245,16 +259,19 @@ def stop(home: Path = DEFAULT_HOME, timeout: float = 30.0) -> bool:
     """Stop every daemon (workers first): SIGTERM, then SIGKILL after ``timeout``; whether
     anything was running."""
     home = home.resolve()
-    names = sorted((p.stem for p in home.glob("*.pid")), key=lambda n: n == "master")
-    running = [n for n in names if kill(home, n, signal.SIGTERM)]
-    deadline = time.monotonic() + timeout
-    for name in running:
-        while _running(_pid(home, name)) and time.monotonic() < deadline:
-            time.sleep(_POLL_S)
-        kill(home, name, signal.SIGKILL)
+    names = [p.stem for p in home.glob("*.pid")]
+    running = False
+    for group in ([n for n in names if n != "master"], [n for n in names if n == "master"]):
+        stopping = [n for n in group if kill(home, n, signal.SIGTERM)]
+        running = running or bool(stopping)
+        deadline = time.monotonic() + timeout
+        for name in stopping:
+            while _running(_pid(home, name)) and time.monotonic() < deadline:
+                time.sleep(_POLL_S)
+            kill(home, name, signal.SIGKILL)
     for name in names:
         (home / f"{name}.pid").unlink(missing_ok=True)
-    return bool(running)
+    return running
 
 
 def describe(cluster: Cluster | None) -> str:

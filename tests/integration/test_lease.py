@@ -125,3 +125,28 @@ def test_an_engine_object_taken_over_in_the_same_process_is_fenced(
     with pytest.raises(FencedError):
         first.step()
     assert second.step().delivered == 1
+
+
+def test_an_engine_that_stopped_reads_the_progress_again_when_it_holds_the_lakehouse_again(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    first = Engine(spark, cfg, clock, out=lambda _: None).open()
+    ids = send_many(
+        spark, cfg, [Message("orders", f"a{i}", delay_level=1) for i in range(4)], clock
+    )
+    clock.advance(seconds=2)
+    first.step()
+    first.stop()  # lets the lakehouse go
+    second = Engine(spark, cfg, clock, out=lambda _: None).open()
+    ids += send_many(
+        spark, cfg, [Message("orders", f"b{i}", delay_level=1) for i in range(4)], clock
+    )
+    clock.advance(seconds=2)
+    second.step()
+    second.stop()
+    ids += send_many(
+        spark, cfg, [Message("orders", f"c{i}", delay_level=1) for i in range(4)], clock
+    )
+    clock.advance(seconds=2)
+    assert first.step().delivered == 4  # from the second's progress, not its own old one
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)

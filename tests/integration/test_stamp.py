@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
-from engine.core.errors import CheckpointError
+from engine.core.errors import CheckpointError, RetryableError
 from engine.core.levels import parse_levels
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send_df, send_many
@@ -270,8 +270,11 @@ def test_a_second_stamper_on_the_lakehouse_is_refused_and_a_lost_log_is_noticed(
     first, second = Stamper(spark, cfg, lay, clock).open(), Stamper(spark, cfg, lay, clock).open()
     send_many(spark, cfg, [Message("orders", "a")], clock)
     assert first.run_available() == 1
-    with pytest.raises(CheckpointError, match="another engine"):
-        second.run_batch()  # it would plan batch 0 again
+    with pytest.raises(RetryableError, match="planned by another stamper"):
+        second.run_batch()  # it would plan batch 0 again: it runs the first's plan instead
+    again = second.run_batch()
+    assert again is not None and again.replayed and again.batch == 0
+    assert len(schedule_ids(spark, lay.schedule)) == 1  # nothing stored twice
     send_many(spark, cfg, [Message("orders", "b")], clock)
     assert first.run_available() == 1
     newest = Path(lay.checkpoint("stamp")) / "batches" / f"{1:020d}.json"
