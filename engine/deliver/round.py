@@ -90,6 +90,7 @@ from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.lease import unfenced
 from engine.lakehouse.live_files import LiveFiles
 from engine.lakehouse.offset_log import OffsetLog
 
@@ -161,7 +162,7 @@ class Delivery:
     ) -> None:
         self.spark = spark
         self.cfg = cfg
-        self.fence = fence or _unfenced
+        self.fence = fence or unfenced
         self.layout = layout
         self.clock = clock
         self._sink_factory = sinks
@@ -528,7 +529,3 @@ def _from_ms(ms: int | None) -> datetime | None:
 
 
 __all__ = ["Delivery", "RoundResult"]
-
-
-def _unfenced() -> None:
-    """The fence of a delivery outside an engine (tests, tools): none."""

@@ -112,6 +112,14 @@ class Holder:
         return f"host {self.host}, pid {self.pid}, since {since} UTC (epoch {self.epoch}, {state})"
 
 
+def unfenced() -> None:
+    """The fence of a stage run outside an engine (tests, tools): none.
+
+    Example:
+        >>> unfenced()
+    """
+
+
 def holder_line(holder: Holder | None, now_ms: int) -> str:
     """What ``delayq status`` says about the engine holding the lakehouse.
 

@@ -37,6 +37,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError, RetryableError
 from engine.lakehouse.fs import list_files, read_text
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.lease import unfenced
 from engine.lakehouse.offset_log import OffsetLog
 from engine.stamp.source import CommitlogSource, Position
 from engine.stamp.writer import StampWriter, highest_batch
@@ -126,7 +127,7 @@ class Stamper:
         fence: Callable[[], None] | None = None,
     ):
         self.spark = spark
-        self.fence = fence or _unfenced
+        self.fence = fence or unfenced
         self.cfg = cfg
         self.layout = layout
         self.source = CommitlogSource(layout.commitlog)
@@ -300,7 +301,3 @@ def _spark_offset(spark: SparkSession, checkpoint: str, batch: int) -> Position:
         f"(file {index}; {checkpoint}/offsets/{batch}): run that version until nothing is "
         "left to stamp, then start this one"
     )
-
-
-def _unfenced() -> None:
-    """The fence of a stamper outside an engine (tests, tools): none."""
