@@ -33,6 +33,7 @@ from pyspark.sql import functions as F
 
 from engine.consume import commit_log
 from engine.consume.commit_log import POLL, append_commit, commit_columns, offset_rows
+from engine.consume.filters import message_filter
 from engine.consume.retry import check_retry_delays, consumer_columns, sendback_rows
 from engine.consume.subscription import known_topics
 from engine.consume.topic_reader import TopicReader
@@ -98,6 +99,8 @@ class _Table:
     reader: TopicReader
     position: tuple[int, int, str] | None = None
     empty_at: int | None = None
+    filtered: bool = False  # the subscription's filter applies (not to the retry topic)
+    skip_to: tuple[int, int, str] | None = None  # rows the filter passed over, up to here
 
     @property
     def path(self) -> str:
@@ -121,9 +124,17 @@ class Consumer:
         settings: retry settings for this group, instead of the configured ones.
         clock: the time for commits and send-backs (waiting uses real time).
         name: this consumer's name in ``consumer_log`` (default: a random one).
+        tags: a tag expression, ``"TagA || TagB"`` (RocketMQ's ``subscribe(topic, expr)``):
+            only messages with one of these tags; ``"*"`` or ``None``: all.
+        where: a SQL92 condition over the messages' properties (RocketMQ's
+            ``MessageSelector.bySql``), e.g. ``"region = 'eu' AND amount > 100"``
+            (:mod:`engine.consume.filters`). Both filters apply to the subscribed topics, not
+            to the group's retry topic; the messages they leave out count as consumed once
+            the group commits a poll after them.
 
     Raises:
-        ConsumerError: when the group name is not valid.
+        ConsumerError: when the group name, the tag expression or the condition is not
+            valid (naming it).
         ConfigError: when a retry delay is longer than ``messages.max_delay``.
     """
 
@@ -137,8 +148,11 @@ class Consumer:
         settings: GroupConfig | None = None,
         clock: Clock | None = None,
         name: str | None = None,
+        tags: str | None = None,
+        where: str | None = None,
     ) -> None:
         self.spark = spark
+        self.filter = message_filter(tags, where)  # a bad expression fails here
         self.cfg = cfg
         self.group = check_group(group)
         self.settings = settings or cfg.group(self.group)
@@ -170,11 +184,8 @@ class Consumer:
         if self._opened:
             return self
         names = [*known_topics(self.spark, self.cfg, self.topics), retry_topic(self.group)]
-        lay = layout(self.cfg)
-        self.tables = {
-            n: _Table(n, VersionTracker(self.spark, lay.topic(n)), TopicReader(lay.topic(n)))
-            for n in dict.fromkeys(names)
-        }
+        retry = retry_topic(self.group)
+        self.tables = {n: self._table(n, n != retry) for n in dict.fromkeys(names)}
         for table in self.tables.values():
             table.tracker.latest()
         log_path = ensure_consumer_log(self.spark, self.cfg)
@@ -185,6 +196,12 @@ class Consumer:
         self._opened = True
         self._forward_pending()
         return self
+
+    def _table(self, name: str, filtered: bool) -> _Table:
+        path = layout(self.cfg).topic(name)
+        reader = TopicReader(path)
+        filtered = filtered and self.filter is not None
+        return _Table(name, VersionTracker(self.spark, path), reader, filtered=filtered)
 
     # ---------------------------------------------------------------- state
 
@@ -211,6 +228,7 @@ class Consumer:
                 table.position = (int(row["p"][0]), int(row["p"][1]), str(row["p"][2]))
         for table in self.tables.values():
             table.empty_at = None  # positions may have moved
+            table.skip_to = None
         # The latest commit's send-backs may not have reached commitlog (a crash).
         return seq, (seq if seq >= 0 else None)
 
@@ -287,12 +305,28 @@ class Consumer:
             # Rows of `version` or later: recording it as read-empty is safe, a later
             # commit is still seen as new.
             probed = version
-            rows = table.reader.read(version, table.position, limit).to_pylist()
+            where = self.filter if table.filtered else None
+            rows = table.reader.read(version, table.position, limit, where).to_pylist()
+            table.skip_to = None
+            if where is not None and len(rows) < limit:
+                # every match of this version is in `rows`: the rest up to the version's
+                # last row are filtered out, consumed once a commit passes them
+                table.skip_to = table.reader.last(version, table.position)
             if not rows:
                 table.empty_at = probed
             found.extend(_received(r, table.name) for r in rows)
         found.sort(key=lambda m: m.position)
+        for dropped in found[limit:]:  # not in this batch: nothing after them is skipped
+            self.tables[dropped.table].skip_to = None
         return found[:limit]
+
+    def _skipped(self) -> dict[str, tuple[int, int, str]]:
+        """Tables whose filter passed over rows beyond the committed position."""
+        return {
+            name: t.skip_to
+            for name, t in self.tables.items()
+            if t.skip_to is not None and (t.position is None or t.skip_to > t.position)
+        }
 
     # ---------------------------------------------------------------- settling
 
@@ -327,8 +361,11 @@ class Consumer:
             ConsumerConflictError: when another consumer of the group committed first.
         """
         self._forward_pending()
-        if not self._batch:
+        skipped = self._skipped()
+        if not self._batch and not skipped:
             return 0
+        if not self._batch:
+            self._commit_id = uuid.uuid4().hex  # only filtered-out rows to pass
         open_ = [m.msg_id for m in self._batch if m.msg_id not in self._settled]
         if open_:
             raise ConsumerError(
@@ -340,8 +377,11 @@ class Consumer:
         for m in self._batch:
             last[m.table] = m
             acked[m.table] = acked.get(m.table, 0) + (self._settled[m.msg_id] is None)
+        ends = {t: m.position for t, m in last.items()}
+        for t, skip in skipped.items():
+            ends[t] = max(ends.get(t, skip), skip)
         offsets = offset_rows(
-            self.spark, [(t, m.position, acked[t]) for t, m in sorted(last.items())]
+            self.spark, [(t, end, acked.get(t, 0)) for t, end in sorted(ends.items())]
         )
         failed = [m for m in self._batch if self._settled[m.msg_id] is not None]
         rows = offsets
@@ -359,10 +399,11 @@ class Consumer:
             # another consumer appended the same commit number at the same moment
         self._check_committed(seq, commit_id)
         self.seq = seq
-        for table, m in last.items():
-            self.tables[table].position = m.position
+        for table, end in ends.items():
+            self.tables[table].position = end
+            self.tables[table].skip_to = None
             reader = self.tables[table].reader
-            reader.forget_before(reader.files.version, m.position)
+            reader.forget_before(reader.files.version, end)
         self._batch, self._settled = [], {}
         self._unforwarded = seq
         self._log_seen = self._log.latest()

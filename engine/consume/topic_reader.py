@@ -43,9 +43,22 @@ class TopicReader:
         self.files = LiveFiles(path, stats=("delivery_round",))
         self._retired_below = -1  # files wholly before this round are forgotten
 
-    def read(self, version: int, position: Position | None, limit: int) -> pa.Table:
+    def read(
+        self,
+        version: int,
+        position: Position | None,
+        limit: int,
+        where: ds.Expression | None = None,
+    ) -> pa.Table:
         """Up to ``limit`` rows of ``version`` after ``position`` (all when ``None``), in
-        delivery order, with a ``deliver_us`` column (``deliver_ts`` in epoch µs)."""
+        delivery order, with a ``deliver_us`` column (``deliver_ts`` in epoch µs).
+
+        Args:
+            version: the table version to read.
+            position: read the rows after it (``None``: from the start).
+            limit: at most this many rows.
+            where: only rows matching it (a subscription's filter), pushed into the read.
+        """
         first = -1 if position is None else position[0]
         if first < self._retired_below:
             self.files.reset()  # the position went back behind forgotten files
@@ -56,10 +69,12 @@ class TopicReader:
             return position is None or top is None or top >= first
 
         files = self.files.dataset(version, keep=keep)
-        where = None if position is None else ds.field("delivery_round") >= first
+        after = None if position is None else ds.field("delivery_round") >= first
+        if where is not None:
+            after = where if after is None else after & where
         # The order columns first, so a consumer far behind holds its next `limit` rows,
         # not its whole backlog; then those rows in full.
-        keys = files.to_table(columns=list(ORDER), filter=where)
+        keys = files.to_table(columns=list(ORDER), filter=after)
         keys = keys.append_column("deliver_us", epoch_micros(keys["deliver_ts"]))
         if position is not None:
             keys = keys.filter(_after(keys, position))
@@ -76,6 +91,23 @@ class TopicReader:
             rows = rows.filter(_after(rows, position))
         rows = rows.take(pc.sort_indices(rows, sort_keys=_ORDER))
         return rows.slice(0, limit)
+
+    def last(self, version: int, position: Position | None) -> Position | None:
+        """The position of the last row of ``version`` after ``position``, filter or not
+        (``None`` when there is none): rows a filter passed over count as read up to it."""
+        first = -1 if position is None else position[0]
+        files = self.files.dataset(
+            version, keep=lambda f: (top := f.max("delivery_round")) is None or top >= first
+        )
+        after = None if position is None else ds.field("delivery_round") >= first
+        keys = files.to_table(columns=list(ORDER), filter=after)
+        keys = keys.append_column("deliver_us", epoch_micros(keys["deliver_ts"]))
+        if position is not None:
+            keys = keys.filter(_after(keys, position))
+        if keys.num_rows == 0:
+            return None
+        top = keys.take(pc.sort_indices(keys, sort_keys=_ORDER)[-1:]).to_pylist()[0]
+        return (int(top["delivery_round"]), int(top["deliver_us"]), str(top["msg_id"]))
 
     def forget_before(self, version: int, position: Position | None) -> None:
         """Forget the files wholly before ``position``'s round (it was committed)."""

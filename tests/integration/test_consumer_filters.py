@@ -1,0 +1,108 @@
+"""Subscriptions with RocketMQ's filters: a tag expression and a SQL92 property condition."""
+
+from __future__ import annotations
+
+import pytest
+from pyspark.sql import SparkSession
+
+from engine.consume.consumer import Consumer, Received
+from engine.consume.lag import lag
+from engine.core.clock import FakeClock
+from engine.core.config import EngineConfig, GroupConfig
+from engine.core.errors import ConsumerError
+from engine.produce.send import Message, send_many
+from tests.support.lakehouse import quiet_engine
+
+pytestmark = pytest.mark.integration
+
+FAST = GroupConfig(max_reconsume_times=3, retry_delays=(1000, 2000, 3000), poll_timeout_ms=0)
+
+
+def _order(n: int, tag: str, region: str | None, amount: str) -> Message:
+    props = {"amount": amount} | ({"region": region} if region else {})
+    return Message("orders", f"o{n}", tags=tag, properties=props)
+
+
+ORDERS = [
+    _order(0, "A", "eu", "150"),  # both filters match
+    _order(1, "B", "eu", "99"),  # amount too small
+    _order(2, "C", "eu", "500"),  # tag C
+    _order(3, "B", "us", "700"),  # region
+    _order(4, "A", None, "300"),  # no region: unknown, not taken
+    _order(5, "B", "eu", "not a number"),  # not a number: not taken
+    _order(6, "B", "eu", " 1e3 "),  # a number with spaces: taken
+]
+
+
+def _bodies(batch: list[Received]) -> list[str]:
+    return sorted(m.body.decode() for m in batch)
+
+
+def _lag(spark: SparkSession, cfg: EngineConfig, group: str) -> int:
+    rows = lag(spark, cfg, group).where("topic = 'orders'").collect()
+    return int(rows[0]["lag"])
+
+
+def test_tag_and_sql_filters_take_only_matching_messages_and_pass_the_rest(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    engine = quiet_engine(spark, cfg, clock)
+    send_many(spark, cfg, ORDERS, clock)
+    engine.step()
+
+    def consumer(group: str, **filters: str) -> Consumer:
+        return Consumer(spark, cfg, group, ["orders"], clock=clock, settings=FAST, **filters)
+
+    both = consumer("eu_big", tags="A || B", where="region = 'eu' AND amount > 100")
+    got = both.poll(max_messages=10)
+    assert _bodies(got) == ["o0", "o6"]
+    both.ack()
+    both.commit()
+    assert _lag(spark, cfg, "eu_big") == 0, "the messages the filters left out count as consumed"
+
+    tagged = consumer("tagged", tags="C")
+    assert _bodies(tagged.poll(max_messages=10)) == ["o2"]
+    sql = consumer("sql", where="region IN ('us', 'eu') AND NOT amount BETWEEN 100 AND 600")
+    assert _bodies(sql.poll(max_messages=10)) == ["o1", "o3", "o6"]
+    every = consumer("every", tags="*")
+    assert _bodies(every.poll(max_messages=10)) == [f"o{i}" for i in range(7)]
+
+    # Only messages no filter takes: an empty poll, and a commit passes them.
+    send_many(spark, cfg, [_order(7, "A", "us", "5"), _order(8, "C", "eu", "900")], clock)
+    clock.advance(seconds=1)
+    engine.step()
+    assert both.poll(max_messages=10) == []
+    both.commit()
+    assert _lag(spark, cfg, "eu_big") == 0
+
+    # A failed message comes back through the group's retry topic, which is not filtered.
+    send_many(spark, cfg, [_order(9, "A", "eu", "250")], clock)
+    clock.advance(seconds=1)
+    engine.step()
+    (failing,) = both.poll(max_messages=10)
+    both.nack(failing, "try later")
+    both.commit()
+    clock.advance(seconds=1)
+    engine.step()
+    clock.advance(seconds=1)
+    engine.step()
+    (again,) = both.poll(max_messages=10)
+    assert again.body == b"o9" and again.reconsume_times == 1
+
+
+@pytest.mark.parametrize(
+    ("filters", "message"),
+    [
+        ({"tags": "A || "}, "bad tag expression 'A || '"),
+        ({"tags": "A B"}, "bad tag expression 'A B'"),
+        ({"where": "amount >"}, "bad SQL filter 'amount >'"),
+        ({"where": "region > 'eu'"}, "strings compare with = or <> only"),
+        ({"where": "(region = 'eu'"}, "expected ), found 'the end' at position 15"),
+        ({"where": "region = 'eu' OR"}, "expected a property name"),
+    ],
+)
+def test_a_bad_filter_fails_at_subscribe_naming_it(
+    spark: SparkSession, cfg: EngineConfig, filters: dict[str, str], message: str
+) -> None:
+    with pytest.raises(ConsumerError, match=message.replace("(", r"\(").replace(")", r"\)")):
+        Consumer(spark, cfg, "g", ["orders"], **filters)  # type: ignore[arg-type]
