@@ -25,6 +25,7 @@ _WHERE = {
     "Received": "engine.consume.consumer",
     "lag": "engine.consume.lag",
     "consume_stream": "engine.consume.stream",
+    "SimpleConsumer": "engine.control.simple_consumer",
     "cancel": "engine.control.commands",
     "reschedule": "engine.control.commands",
     "forecast": "engine.control.inspect",
@@ -61,6 +62,7 @@ if TYPE_CHECKING:
     from engine.consume.stream import consume_stream
     from engine.control.commands import cancel, reschedule
     from engine.control.inspect import forecast, history, pending
+    from engine.control.simple_consumer import SimpleConsumer
     from engine.control.status import Status, read_status
     from engine.core.clock import Clock, FakeClock, SystemClock
     from engine.core.config import EngineConfig, load_config
@@ -113,6 +115,7 @@ __all__ = [
     "Message",
     "Received",
     "RetryableError",
+    "SimpleConsumer",
     "Status",
     "SystemClock",
     "build_spark",

@@ -68,6 +68,8 @@ class Received:
         delivered_ts: when the engine delivered it.
         table: the topic table it was read from (``topic``, or ``retry_<group>``).
         delivery_round: the delivery round that wrote it.
+        receipt: for a message a :class:`~engine.control.simple_consumer.SimpleConsumer`
+            received, the id of the copy that brings it back unless acknowledged.
     """
 
     msg_id: str
@@ -83,6 +85,7 @@ class Received:
     table: str
     delivery_round: int
     _deliver_us: int = field(repr=False, compare=False, default=0)
+    receipt: str = ""
 
     @property
     def position(self) -> tuple[int, int, str]:
@@ -167,6 +170,7 @@ class Consumer:
         self._batch: list[Received] = []
         self._commit_id = ""
         self._settled: dict[str, str | None] = {}  # msg_id -> None (ack) or the reason
+        self._delays: dict[str, int] = {}  # msg_id -> ms, for a nack with its own delay
         self._closed = threading.Event()
         self._opened = False
         self.seq = -1
@@ -277,7 +281,7 @@ class Consumer:
             batch = self._read(max_messages)
             if batch:
                 self._batch = batch
-                self._settled = {}
+                self._settled, self._delays = {}, {}
                 self._commit_id = uuid.uuid4().hex  # the same if commit() is retried
                 return list(batch)
             if not self._wait_for_commit(deadline):
@@ -342,13 +346,36 @@ class Consumer:
         for msg_id in [self._in_batch(m) for m in targets]:  # all checked before any is marked
             self._settled[msg_id] = None
 
-    def nack(self, message: Received | str, reason: str = "failed") -> None:
+    def nack(
+        self, message: Received | str, reason: str = "failed", *, delay: float | None = None
+    ) -> None:
         """Mark a message of the current batch as failed: it comes back later (or dies).
 
         Nothing is sent until :meth:`commit`; a crash before it means the message is
         polled again, not retried twice.
+
+        Args:
+            message: a message of the current batch, or its id.
+            reason: why (kept in its failure history, and ``DLQ_REASON`` if it dies).
+            delay: come back after this many seconds instead of the group's retry delay (as
+                RocketMQ's ``setDelayLevelWhenNextConsume``); a message past
+                ``max_reconsume_times`` then reaches the dead letters after it too.
+
+        Raises:
+            ConsumerError: the message is not in the batch, or ``delay`` is not a number of
+                seconds within ``messages.max_delay``.
         """
-        self._settled[self._in_batch(message)] = str(reason)
+        msg_id = self._in_batch(message)
+        if delay is not None:
+            if isinstance(delay, bool) or not isinstance(delay, int | float):
+                raise ConsumerError(f"delay={delay!r}: expected seconds")
+            if not 0 <= delay * 1000 <= self.cfg.max_delay_ms:
+                raise ConsumerError(
+                    f"delay={delay!r}: must be 0 to messages.max_delay "
+                    f"({self.cfg.max_delay_ms // 1000} s)"
+                )
+            self._delays[msg_id] = round(delay * 1000)
+        self._settled[msg_id] = str(reason)
 
     def commit(self) -> int:
         """Commit the current batch: positions, and the failed messages sent back.
@@ -404,7 +431,7 @@ class Consumer:
             self.tables[table].skip_to = None
             reader = self.tables[table].reader
             reader.forget_before(reader.files.version, end)
-        self._batch, self._settled = [], {}
+        self._batch, self._settled, self._delays = [], {}, {}
         self._unforwarded = seq
         self._log_seen = self._log.latest()
         return self._forward_pending()
@@ -412,8 +439,17 @@ class Consumer:
     def _failed_rows(self, failed: list[Received]) -> DataFrame:
         """The failed messages' topic rows (read back exactly), with their reasons."""
         reasons = self.spark.createDataFrame(
-            [(m.table, m.msg_id, m.delivery_round, self._settled[m.msg_id]) for m in failed],
-            "table string, msg_id string, delivery_round long, reason string",
+            [
+                (
+                    m.table,
+                    m.msg_id,
+                    m.delivery_round,
+                    self._settled[m.msg_id],
+                    self._delays.get(m.msg_id),
+                )
+                for m in failed
+            ],
+            "table string, msg_id string, delivery_round long, reason string, delay_ms long",
         )
         frames = []
         for name in sorted({m.table for m in failed}):
@@ -443,7 +479,7 @@ class Consumer:
             .first()
         )
         if row is None or row[0] != commit_id:
-            self._batch, self._settled = [], {}
+            self._batch, self._settled, self._delays = [], {}, {}
             self.seq, self._unforwarded = self._restore()
             self._forward_pending()
             raise ConsumerConflictError(

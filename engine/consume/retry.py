@@ -59,8 +59,10 @@ def sendback_rows(failed: DataFrame, group: str, settings: GroupConfig, now: dat
     Pure over ``failed`` (rows of :func:`consumer_columns` plus ``reason``, one per
     ``msg_id``): a message
     that came back fewer than ``max_reconsume_times`` times goes to ``retry_<group>``,
-    due after its retry delay; others go to ``dlq_<group>`` at once. Ids are derived from
-    (group, message, attempt), so computing this twice gives the same rows.
+    due after its retry delay; others go to ``dlq_<group>`` at once. A non-null
+    ``delay_ms`` column (a nack with its own delay) makes either due that long after
+    ``now``. Ids are derived from (group, message, attempt), so computing this twice gives
+    the same rows.
     """
     n = F.col("reconsume_times")
     dead = n >= F.lit(settings.max_reconsume_times)
@@ -97,6 +99,12 @@ def sendback_rows(failed: DataFrame, group: str, settings: GroupConfig, now: dat
         delays = F.array(*[F.lit(ms) for ms in settings.retry_delays])
         delay_ms = F.element_at(delays, F.least(n, F.lit(len(settings.retry_delays) - 1)) + 1)
         deliver_at = F.when(~dead, F.timestamp_millis(F.unix_millis(now_lit) + delay_ms))
+    if "delay_ms" in failed.columns:  # a nack with its own delay: retry or dead after it
+        own = F.col("delay_ms").isNotNull()
+        level = F.when(~own, level)
+        deliver_at = F.when(
+            own, F.timestamp_millis(F.unix_millis(now_lit) + F.col("delay_ms"))
+        ).otherwise(deliver_at)
     target = F.when(dead, F.lit(dlq_topic(group))).otherwise(F.lit(retry_topic(group)))
     new_id = F.upper(
         F.md5(F.concat_ws(":", F.lit(group), F.col("msg_id"), n.cast("string"), target))

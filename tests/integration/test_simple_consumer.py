@@ -1,0 +1,84 @@
+"""Receive with invisibility (RocketMQ 5's SimpleConsumer): receive, ack, change_invisible,
+the invisible time running out, reconsume count and dead letters."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from engine.consume.consumer import Received
+from engine.control.simple_consumer import SimpleConsumer
+from engine.core.clock import FakeClock
+from engine.core.config import EngineConfig, GroupConfig
+from engine.core.errors import ConsumerError
+from engine.lakehouse.layout import layout
+from engine.produce.send import Message, send_many
+from engine.run.engine import Engine
+from tests.support.lakehouse import quiet_engine
+
+pytestmark = pytest.mark.integration
+
+FAST = GroupConfig(max_reconsume_times=2, poll_timeout_ms=0)
+
+
+def _by_body(batch: list[Received]) -> dict[str, Received]:
+    return {m.body.decode(): m for m in batch}
+
+
+def _run(engine: Engine, clock: FakeClock, seconds: float) -> None:
+    """Let ``seconds`` pass, a round each second (the copies are stamped, then due)."""
+    for _ in range(round(seconds)):
+        clock.advance(seconds=1)
+        engine.step()
+
+
+def test_receive_hides_messages_until_acked_or_their_time_is_over(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    engine = quiet_engine(spark, cfg, clock)
+    send_many(spark, cfg, [Message("orders", b) for b in ("done", "slow", "lost")], clock)
+    engine.step()
+
+    def member() -> SimpleConsumer:
+        return SimpleConsumer(
+            spark, cfg, "workers", ["orders"], invisible=5, settings=FAST, clock=clock
+        )
+
+    first, second = member(), member()
+    got = _by_body(first.receive(max_messages=10))
+    assert sorted(got) == ["done", "lost", "slow"] and all(m.receipt for m in got.values())
+    assert second.receive(max_messages=10) == [], "received messages are hidden from members"
+    assert first.ack(got["done"], wait=0) == ["pending"]  # decided by the engine's next round
+    assert first.change_invisible(got["slow"], 20, wait=0) == "pending"
+    _run(engine, clock, 6)  # t=6: "lost" is back, to the other member
+    back = second.receive(max_messages=10)
+    assert [(m.body, m.reconsume_times) for m in back] == [(b"lost", 1)], "only the unacked one"
+    assert back[0].topic == "orders"
+    _run(engine, clock, 6)  # t=12: back again, the last time before the dead letters
+    (again,) = first.receive(max_messages=10)
+    assert (again.body, again.reconsume_times) == (b"lost", 2)
+    _run(engine, clock, 6)  # t=18: not acknowledged: dead
+    assert first.receive(max_messages=10) == []
+    dead = spark.read.format("delta").load(layout(cfg).topic("dlq_workers")).collect()
+    assert [(r["body"], r["properties"]["DLQ_REASON"]) for r in dead] == [
+        (b"lost", "not acknowledged within 5 s")
+    ]
+    _run(engine, clock, 3)  # t=21: "slow", hidden 20 s from t=0
+    slow = second.receive(max_messages=10)
+    assert [(m.body, m.reconsume_times) for m in slow] == [(b"slow", 1)]
+    assert second.ack(*slow, wait=0) == ["pending"]
+    _run(engine, clock, 8)
+    assert first.receive(max_messages=10) == [], "acknowledged messages never come back"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "needle"),
+    [({"invisible": 0}, "more than 0"), ({"invisible": "5s"}, "expected seconds")],
+)
+def test_bad_invisible_times_fail_clearly(
+    spark: SparkSession, cfg: EngineConfig, kwargs: dict[str, Any], needle: str
+) -> None:
+    with pytest.raises(ConsumerError, match=needle):
+        SimpleConsumer(spark, cfg, "workers", ["orders"], **kwargs)
