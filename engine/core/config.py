@@ -267,6 +267,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "kafka.topic_map": ("kafka_topic_map", _topic_map),
     "kafka.starting_offsets": ("kafka_starting_offsets", _choice("earliest", "latest")),
     "kafka.max_offsets_per_trigger": ("kafka_max_offsets", _positive_int),
+    "kafka.exactly_once": ("kafka_exactly_once", _bool),
     "control.enabled": ("control_enabled", _bool),
     "control.host": ("control_host", _text),
     "control.port": ("control_port", _port),
@@ -337,6 +338,8 @@ class EngineConfig:
             topic.
         kafka_starting_offsets: where a new ingest job starts (``earliest`` or ``latest``).
         kafka_max_offsets: most records per ingest micro-batch.
+        kafka_exactly_once: delivery to Kafka in one transaction per round and topic
+            (``kafka.exactly_once``): once for ``read_committed`` readers.
         kafka_sinks: where delivery writes a topic (``delta``, ``kafka`` or ``both``), by
             topic table name; topics not listed go to Delta.
         control_enabled: a running engine answers ``delayq`` commands (see
@@ -396,6 +399,7 @@ class EngineConfig:
     kafka_starting_offsets: str = "earliest"
     kafka_max_offsets: int = 100_000
     kafka_sinks: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    kafka_exactly_once: bool = False
     control_enabled: bool = True
     control_host: str = "127.0.0.1"
     control_port: int = 0

@@ -16,6 +16,11 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import threading
+import time
+from typing import Any
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -155,3 +160,154 @@ class KafkaTopicSink:
             old = status.getPath().getName()
             if old.endswith(f"-{table}") and old < name:
                 fs.delete(status.getPath(), False)
+
+
+#: The compacted Kafka topic where a transactional sink records, in each round's own
+#: transaction, the last round written to each topic (key ``<checkpoint>/<topic>``).
+MARKERS_TOPIC = "delayq_rounds"
+#: Longest a replay waits to read the markers to their end (an open transaction of a
+#: producer it could not fence holds read_committed readers back).
+MARKERS_READ_S = 20.0
+
+
+class TransactionalKafkaSink:
+    """A Kafka topic named like the topic table, exactly once for ``read_committed`` readers
+    (``kafka.exactly_once = true``).
+
+    Each round's records of a topic go out in one Kafka transaction (kafka-python's
+    transactional producer, ``transactional.id = delayq-<checkpoint>-<topic>``) together
+    with a marker record in :data:`MARKERS_TOPIC` naming the round, so the records and the
+    marker commit together or not at all. A replay reads the markers (``read_committed``) and
+    skips a topic whose marker reached the round; starting the producers first aborts any
+    transaction a crashed engine left open, and fences a paused one (its commit fails).
+    Consumers that read with ``isolation.level=read_committed`` see each record once;
+    ``read_uncommitted`` ones may also see an aborted attempt.
+    """
+
+    def __init__(
+        self, spark: SparkSession, cfg: EngineConfig, layout: Layout, checkpoint_id: str
+    ) -> None:
+        self.cfg = cfg
+        self.checkpoint_id = checkpoint_id
+        self._producers: dict[str, Any] = {}
+        self._done: dict[str, int] | None = None
+        self._lock = threading.Lock()
+
+    def _key(self, table: str) -> str:
+        return f"{self.checkpoint_id}/{table}"
+
+    def _producer(self, table: str) -> Any:
+        from kafka import KafkaProducer
+
+        with self._lock:
+            if table not in self._producers:
+                producer = KafkaProducer(
+                    bootstrap_servers=self.cfg.kafka_bootstrap,
+                    transactional_id=f"delayq-{self.checkpoint_id}-{table}",
+                    acks="all",
+                    enable_idempotence=True,
+                    linger_ms=5,
+                    batch_size=262144,
+                    max_block_ms=20000,
+                    request_timeout_ms=20000,
+                )
+                if not self._producers:
+                    ensure_markers_topic(self.cfg.kafka_bootstrap)
+                producer.init_transactions()  # aborts what an earlier producer left open
+                self._producers[table] = producer
+            return self._producers[table]
+
+    def _kafka_tables(self) -> list[str]:
+        return sorted(t for t, sink in self.cfg.kafka_sinks.items() if sink in ("kafka", "both"))
+
+    def written(self, round_: int, table: str) -> bool:
+        """Whether round ``round_``'s transaction to ``table`` committed (its marker)."""
+        if self._done is None:
+            for name in self._kafka_tables():  # fence them all: no open transaction is left
+                self._producer(name)
+            self._done = read_markers(self.cfg.kafka_bootstrap, MARKERS_READ_S)
+        return self._done.get(self._key(table), -1) >= round_
+
+    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
+        """Send the round's records of ``table`` and its marker in one transaction."""
+        producer = self._producer(table)
+        records = kafka_records(rows, table).to_pylist()
+        producer.begin_transaction()
+        try:
+            for record in records:
+                headers = [(h["key"], h["value"]) for h in record["headers"]]
+                producer.send(table, key=record["key"], value=record["value"], headers=headers)
+            marker = str(round_).encode("ascii")
+            producer.send(MARKERS_TOPIC, key=self._key(table).encode("utf-8"), value=marker)
+            producer.commit_transaction()
+        except BaseException:
+            with self._lock:
+                self._producers.pop(table, None)  # a new one aborts what this one left
+            with contextlib.suppress(Exception):
+                producer.close(timeout=1)
+            raise
+        if self._done is not None:
+            self._done[self._key(table)] = round_
+
+    def close(self) -> None:
+        """Close the producers."""
+        with self._lock:
+            producers, self._producers = list(self._producers.values()), {}
+        for producer in producers:
+            with contextlib.suppress(Exception):
+                producer.close(timeout=5)
+
+
+def ensure_markers_topic(bootstrap: str) -> None:
+    """Create :data:`MARKERS_TOPIC` (compacted: the last marker per key is kept) unless it
+    exists."""
+    from kafka import KafkaAdminClient
+    from kafka.admin import NewTopic
+    from kafka.errors import TopicAlreadyExistsError
+
+    admin = KafkaAdminClient(bootstrap_servers=bootstrap)
+    try:
+        if MARKERS_TOPIC in admin.list_topics():
+            return
+        topic = NewTopic(MARKERS_TOPIC, 1, 1, topic_configs={"cleanup.policy": "compact"})
+        with contextlib.suppress(TopicAlreadyExistsError):
+            admin.create_topics([topic])
+    finally:
+        admin.close()
+
+
+def read_markers(bootstrap: str, timeout_s: float) -> dict[str, int]:
+    """The last round recorded per ``<checkpoint>/<topic>`` in :data:`MARKERS_TOPIC`, read
+    with ``read_committed`` to its end; empty when the topic does not exist yet.
+
+    Raises:
+        TimeoutError: the end was not reached in ``timeout_s`` (an open transaction).
+    """
+    from kafka import KafkaConsumer, TopicPartition
+
+    consumer = KafkaConsumer(
+        bootstrap_servers=bootstrap,
+        isolation_level="read_committed",
+        enable_auto_commit=False,
+        group_id=None,
+    )
+    try:
+        partitions = consumer.partitions_for_topic(MARKERS_TOPIC)
+        if not partitions:
+            return {}
+        assigned = [TopicPartition(MARKERS_TOPIC, p) for p in sorted(partitions)]
+        consumer.assign(assigned)
+        consumer.seek_to_beginning(*assigned)
+        ends = consumer.end_offsets(assigned)
+        found: dict[str, int] = {}
+        deadline = time.monotonic() + timeout_s
+        while any(consumer.position(tp) < ends[tp] for tp in assigned):
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{MARKERS_TOPIC}: not read to its end in {timeout_s:g} s")
+            for batch in consumer.poll(timeout_ms=500).values():
+                for record in batch:
+                    key = record.key.decode("utf-8")
+                    found[key] = max(found.get(key, -1), int(record.value))
+        return found
+    finally:
+        consumer.close()

@@ -6,7 +6,9 @@ round replayed after a crash has the same plan and computes exactly the same row
 table it first asks :meth:`TopicSink.written` and skips a write that finished. So a sink
 whose ``written`` never misses a finished write delivers exactly once (Delta: the commit
 records the round as its ``txn`` version and carries the round's tag); one that may miss it
-delivers at least once (Kafka without transactions, see :mod:`engine.deliver.kafka_sink`).
+delivers at least once (Kafka without transactions, see :mod:`engine.deliver.kafka_sink`;
+with ``kafka.exactly_once`` the round's records and a marker commit in one Kafka
+transaction, and ``written`` reads the marker).
 
 ``kafka.sinks.<topic>`` chooses per topic table: ``delta`` (the default), ``kafka`` or ``both``.
 
@@ -26,7 +28,7 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
-from engine.deliver.kafka_sink import KafkaTopicSink
+from engine.deliver.kafka_sink import KafkaTopicSink, TransactionalKafkaSink
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.layout import Layout
@@ -125,7 +127,8 @@ class Sinks:
     ) -> None:
         self.cfg = cfg
         self.delta = DeltaTopicSink(spark, cfg, layout, checkpoint_id)
-        self.kafka = KafkaTopicSink(spark, cfg, layout, checkpoint_id)
+        kafka = TransactionalKafkaSink if cfg.kafka_exactly_once else KafkaTopicSink
+        self.kafka: TopicSink = kafka(spark, cfg, layout, checkpoint_id)
 
     def of(self, table: str) -> Sequence[TopicSink]:
         """Kafka first, then Delta, as ``kafka.sinks.<table>`` says."""

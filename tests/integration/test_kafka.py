@@ -158,6 +158,44 @@ def test_delivery_to_kafka_and_delta_for_the_same_topic(
     assert only not in list_topics(spark, cfg), "a kafka-only topic has no Delta table"
 
 
+def test_exactly_once_to_kafka_for_read_committed_readers(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock, monkeypatch: Any
+) -> None:
+    from kafka import KafkaProducer
+
+    topic = f"eos_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka, kafka_sinks={topic: "kafka"}, kafka_exactly_once=True)
+    sent = send_many(spark, cfg, [Message(topic, f"m{i}", delay_level=1) for i in range(5)], clock)
+    # The round's transaction commits, then the engine dies before committing the round.
+    crashing = Engine(spark, cfg, clock, out=lambda _: None, sinks=crash_after_writes()).open()
+    clock.advance(seconds=1)
+    with pytest.raises(Crash):
+        crashing.step()
+    Engine(spark, cfg, clock, out=lambda _: None).step()  # the replay finds the round's marker
+    # A round dies inside its transaction: the next engine aborts it and writes the round again.
+    sent += send_many(spark, cfg, [Message(topic, f"n{i}", delay_level=1) for i in range(5)], clock)
+
+    def died(self: Any) -> None:
+        raise Crash("died before the Kafka transaction committed")
+
+    monkeypatch.setattr(KafkaProducer, "commit_transaction", died)
+    dying = Engine(spark, cfg, clock, out=lambda _: None).open()
+    clock.advance(seconds=1)
+    with pytest.raises(Crash):
+        dying.step()
+    monkeypatch.undo()
+    Engine(spark, cfg, clock, out=lambda _: None).step()
+
+    committed = consume(kafka, topic, 10, isolation_level="read_committed")
+    assert sorted(r.value for r in committed) == sorted(
+        [f"m{i}".encode() for i in range(5)] + [f"n{i}".encode() for i in range(5)]
+    ), "each record once for a read_committed reader"
+    ids = [dict(r.headers)["DELAYQ_MSG_ID"].decode() for r in committed]
+    assert sorted(ids) == sorted(sent)
+    everything = consume(kafka, topic, 15)
+    assert len(everything) == 15, "a read_uncommitted reader also sees the aborted attempt"
+
+
 def test_kafka_python_helper_round_trip(
     spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
 ) -> None:

@@ -48,13 +48,16 @@ def produce(
     producer.close()
 
 
-def consume(broker: Broker, topic: str, expected: int) -> list[Any]:
+def consume(
+    broker: Broker, topic: str, expected: int, isolation_level: str = "read_uncommitted"
+) -> list[Any]:
     consumer = KafkaConsumer(
         topic,
         bootstrap_servers=broker.bootstrap_servers,
         auto_offset_reset="earliest",
         consumer_timeout_ms=3000,
         group_id=None,
+        isolation_level=isolation_level,
     )
     records: list[Any] = []
     for _ in range(10):
