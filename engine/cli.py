@@ -141,6 +141,11 @@ def _parser() -> argparse.ArgumentParser:
     move.add_argument("--wait", type=float, default=30.0, metavar="S", help=wait_help)
     lag = sub.add_parser("lag", parents=[common], help="consumer groups' lag per topic")
     lag.add_argument("--group", help="only this group")
+    lag.add_argument(
+        "--members",
+        action="store_true",
+        help="each group's members: last commit, messages handled in the last 5 minutes, share",
+    )
     # --conf/--set go after the action (delayq dlq list --set ...).
     dlq = sub.add_parser("dlq", help="dead letters of a consumer group: list, show, resend, purge")
     dlq_sub = dlq.add_subparsers(dest="dlq_command", required=True, metavar="ACTION")
@@ -582,8 +587,26 @@ def cmd_lag(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq lag``: each group's lag per topic table."""
     from engine.lakehouse.session import build_spark
 
-    _print_lag(build_spark(cfg), cfg, args.group)
+    spark = build_spark(cfg)
+    _print_lag(spark, cfg, args.group)
+    if args.members:
+        _print_members(spark, cfg, args.group)
     return 0
+
+
+def _print_members(spark: Any, cfg: EngineConfig, group: str | None) -> None:
+    from engine.consume.lag import members
+    from engine.core.clock import SystemClock
+
+    rows = members(spark, cfg, SystemClock().now(), group).collect()
+    head = f"{'consumer group':<20}{'member':<28}{'handled 5m':>11}{'share':>7}{'total':>9}"
+    print(f"\n{head}  last commit")
+    for r in rows:
+        share = "-" if r["share"] is None else f"{r['share']:.0%}"
+        print(
+            f"{r['group_name']:<20}{r['consumer']:<28}{r['handled']:>11}{share:>7}"
+            f"{r['handled_total']:>9}  {r['last_commit_ts']}"
+        )
 
 
 def cmd_dlq(args: argparse.Namespace, cfg: EngineConfig) -> int:

@@ -85,7 +85,7 @@ class Received:
     table: str
     delivery_round: int
     _deliver_us: int = field(repr=False, compare=False, default=0)
-    receipt: str = ""
+    receipt: str = field(default="", compare=False)
 
     @property
     def position(self) -> tuple[int, int, str]:
@@ -375,6 +375,8 @@ class Consumer:
                     f"({self.cfg.max_delay_ms // 1000} s)"
                 )
             self._delays[msg_id] = round(delay * 1000)
+        else:
+            self._delays.pop(msg_id, None)
         self._settled[msg_id] = str(reason)
 
     def commit(self) -> int:
@@ -495,6 +497,13 @@ class Consumer:
         )
         self._unforwarded = None
         return count
+
+    def abandon(self) -> None:
+        """Drop the current batch without committing it: its messages come again (after a
+        failed :meth:`commit`, say). The group's committed positions are read again."""
+        self._batch, self._settled, self._delays = [], {}, {}
+        self.seq, self._unforwarded = self._restore()
+        self._forward_pending()
 
     def close(self) -> None:
         """Stop waiting (a poll in progress returns ``[]``). Uncommitted messages come again."""

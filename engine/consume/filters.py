@@ -259,8 +259,11 @@ def _number(name: str) -> ds.Expression:
 
 
 def _in(name: str, values: list[float | str]) -> ds.Expression:
+    """``name IN (...)``: unknown (null) for a missing value, so ``NOT IN`` skips it too."""
     if all(isinstance(v, float) for v in values):
-        return _number(name).isin([float(v) for v in values])
-    if any(isinstance(v, float) for v in values):
+        value, listed = _number(name), pa.array([float(v) for v in values], pa.float64())
+    elif any(isinstance(v, float) for v in values):
         raise ConsumerError(f"IN for {name!r} mixes numbers and strings: {values!r}")
-    return _property(name).isin([str(v) for v in values])
+    else:
+        value, listed = _property(name), pa.array([str(v) for v in values], pa.string())
+    return pc.if_else(pc.is_null(value), pa.scalar(None, pa.bool_()), value.isin(listed))

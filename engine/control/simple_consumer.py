@@ -36,6 +36,9 @@ from engine.core.errors import ConsumerConflictError, ConsumerError
 from engine.core.topics import dlq_topic, retry_topic
 
 DEFAULT_INVISIBLE_S = 30.0
+#: The invisible time counts from the receiving commit: shorter ones could be over before
+#: ``receive`` has returned.
+MIN_INVISIBLE_S = 1.0
 #: Reason recorded in a copy's failure history (and ``DLQ_REASON``).
 NOT_ACKED = "not acknowledged within {seconds:g} s"
 RACE_RETRIES = 5
@@ -54,6 +57,7 @@ class SimpleConsumer:
         clock: the time of commits and of the copies' deliver times.
         tags: a tag expression (see :class:`~engine.consume.consumer.Consumer`).
         where: a SQL92 property condition.
+        name: this member's name in ``consumer_log`` and ``delayq lag --members``.
 
     Raises:
         ConsumerError: a bad group name, filter or invisible time.
@@ -71,10 +75,12 @@ class SimpleConsumer:
         clock: Clock | None = None,
         tags: str | None = None,
         where: str | None = None,
+        name: str | None = None,
     ) -> None:
         self.consumer = Consumer(
-            spark, cfg, group, topics, settings=settings, clock=clock, tags=tags, where=where
-        )
+            spark, cfg, group, topics, settings=settings, clock=clock, tags=tags, where=where,
+            name=name,
+        )  # fmt: skip
         self.spark = spark
         self.cfg = cfg
         self.clock = clock or SystemClock()
@@ -83,10 +89,10 @@ class SimpleConsumer:
     def _seconds(self, value: float, name: str) -> float:
         if isinstance(value, bool) or not isinstance(value, int | float):
             raise ConsumerError(f"{name}={value!r}: expected seconds")
-        if not 0 < value * 1000 <= self.cfg.max_delay_ms:
+        if not MIN_INVISIBLE_S <= value <= self.cfg.max_delay_ms / 1000:
             raise ConsumerError(
-                f"{name}={value!r}: must be more than 0 and at most messages.max_delay "
-                f"({self.cfg.max_delay_ms // 1000} s)"
+                f"{name}={value!r}: must be at least {MIN_INVISIBLE_S:g} s and at most "
+                f"messages.max_delay ({self.cfg.max_delay_ms // 1000} s)"
             )
         return float(value)
 
@@ -110,11 +116,27 @@ class SimpleConsumer:
             for m in batch:
                 self.consumer.nack(m, reason, delay=seconds)
             try:
-                self.consumer.commit()
+                self._commit()
             except ConsumerConflictError:
                 continue  # another member took these: read on from its position
             return [replace(m, receipt=self.receipt(m)) for m in batch]
         return []
+
+    def _commit(self) -> None:
+        """Commit the received batch (once more after a failure: the same commit id makes
+        that safe); if it still fails, drop the batch so that its messages come again."""
+        try:
+            self.consumer.commit()
+        except ConsumerConflictError:
+            raise
+        except Exception:
+            try:
+                self.consumer.commit()
+            except ConsumerConflictError:
+                raise
+            except Exception:
+                self.consumer.abandon()
+                raise
 
     def receipt(self, message: Received) -> str:
         """The id of the copy of ``message`` that comes back unless it is acknowledged (as
@@ -132,8 +154,12 @@ class SimpleConsumer:
         Returns:
             One status per message: ``cancelled`` (acknowledged), ``already_delivered``
             (its invisible time was over: it came back, and will be received again),
-            or ``pending`` (no engine answered within ``wait``; applied when one runs).
+            ``already_cancelled`` (acknowledged before), ``not_found`` (not a receipt of
+            this lakehouse), or ``pending`` (no engine answered within ``wait``; applied
+            when one runs).
         """
+        if not messages:
+            return []
         receipts = [self._receipt(m) for m in messages]
         results = cancel_many(self.spark, self.cfg, receipts, wait=wait, clock=self.clock)
         return [r.status for r in results]
@@ -144,7 +170,8 @@ class SimpleConsumer:
         """Hide a received message for ``invisible`` seconds from now instead.
 
         Returns:
-            ``rescheduled``, ``already_delivered`` (too late: it came back) or ``pending``.
+            ``rescheduled``, ``already_delivered`` (too late: it came back),
+            ``already_cancelled`` (acknowledged before) or ``pending``.
         """
         seconds = self._seconds(invisible, "invisible")
         moves = [(self._receipt(message), None, f"{round(seconds * 1000)}ms")]

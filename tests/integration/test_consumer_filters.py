@@ -64,6 +64,8 @@ def test_tag_and_sql_filters_take_only_matching_messages_and_pass_the_rest(
     assert _bodies(tagged.poll(max_messages=10)) == ["o2"]
     sql = consumer("sql", where="region IN ('us', 'eu') AND NOT amount BETWEEN 100 AND 600")
     assert _bodies(sql.poll(max_messages=10)) == ["o1", "o3", "o6"]
+    not_in = consumer("not_in", where="region NOT IN ('us') AND amount NOT IN (99, 150)")
+    assert _bodies(not_in.poll(max_messages=10)) == ["o2", "o6"], "a missing region is unknown"
     every = consumer("every", tags="*")
     assert _bodies(every.poll(max_messages=10)) == [f"o{i}" for i in range(7)]
 

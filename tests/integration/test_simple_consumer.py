@@ -9,6 +9,7 @@ import pytest
 from pyspark.sql import SparkSession
 
 from engine.consume.consumer import Received
+from engine.consume.lag import members
 from engine.control.simple_consumer import SimpleConsumer
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig, GroupConfig
@@ -17,6 +18,7 @@ from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from tests.support.lakehouse import quiet_engine
+from tests.support.process import cli
 
 pytestmark = pytest.mark.integration
 
@@ -35,18 +37,18 @@ def _run(engine: Engine, clock: FakeClock, seconds: float) -> None:
 
 
 def test_receive_hides_messages_until_acked_or_their_time_is_over(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     engine = quiet_engine(spark, cfg, clock)
     send_many(spark, cfg, [Message("orders", b) for b in ("done", "slow", "lost")], clock)
     engine.step()
 
-    def member() -> SimpleConsumer:
+    def member(name: str) -> SimpleConsumer:
         return SimpleConsumer(
-            spark, cfg, "workers", ["orders"], invisible=5, settings=FAST, clock=clock
+            spark, cfg, "workers", ["orders"], invisible=5, settings=FAST, clock=clock, name=name
         )
 
-    first, second = member(), member()
+    first, second = member("member-1"), member("member-2")
     got = _by_body(first.receive(max_messages=10))
     assert sorted(got) == ["done", "lost", "slow"] and all(m.receipt for m in got.values())
     assert second.receive(max_messages=10) == [], "received messages are hidden from members"
@@ -71,11 +73,19 @@ def test_receive_hides_messages_until_acked_or_their_time_is_over(
     assert second.ack(*slow, wait=0) == ["pending"]
     _run(engine, clock, 8)
     assert first.receive(max_messages=10) == [], "acknowledged messages never come back"
+    # each member's share: first received done, slow, lost and lost again; second lost, slow
+    shares = {r["consumer"]: r for r in members(spark, cfg, clock.now(), "workers").collect()}
+    assert {m: (r["handled"], r["share"]) for m, r in shares.items()} == {
+        "member-1": (4, 0.667),
+        "member-2": (2, 0.333),
+    }
+    code, out, _ = cli(capsys, cfg, "lag", "--members", "--group", "workers")
+    assert code == 0 and "member-1" in out and "member-2" in out, out
 
 
 @pytest.mark.parametrize(
     ("kwargs", "needle"),
-    [({"invisible": 0}, "more than 0"), ({"invisible": "5s"}, "expected seconds")],
+    [({"invisible": 0.5}, "at least 1 s"), ({"invisible": "5s"}, "expected seconds")],
 )
 def test_bad_invisible_times_fail_clearly(
     spark: SparkSession, cfg: EngineConfig, kwargs: dict[str, Any], needle: str
