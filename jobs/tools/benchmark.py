@@ -59,7 +59,7 @@ from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import delta_uri, list_topics
 from engine.lakehouse.fs import jvm
 from engine.lakehouse.layout import layout
-from engine.produce.send import send_arrow, send_df
+from engine.produce.send import Message, send_arrow, send_df, send_many
 from engine.run.engine import Engine
 
 log = logging.getLogger("delayq.bench")
@@ -96,6 +96,8 @@ class BenchPlan:
     #: ``delayq`` command timings: runs through a running engine, runs with ``--local``.
     cli_runs: tuple[int, int] = (10, 1)
     aging: tuple[int, int] = (4, 45)  # segments x seconds, at fanout_rate on one engine
+    #: ``members``: messages on one topic, handled by groups of each size (SimpleConsumer).
+    members: tuple[int, tuple[int, ...]] = (2_000, (1, 2, 4))
 
 
 QUICK = BenchPlan(
@@ -129,6 +131,7 @@ SMOKE = BenchPlan(
     kafka_messages=2_000,
     cli_runs=(2, 1),
     aging=(2, 5),
+    members=(60, (1, 2)),
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
@@ -925,6 +928,71 @@ class Bench:
         )
         return result
 
+    def members(self) -> dict[str, Any]:
+        """Messages handled per second by a group of 1, 2 or 4 members (SimpleConsumer
+        threads: receive 32, acknowledge them).
+
+        One topic, not delayed, all sent before the members start; each member loops on
+        ``receive`` and ``ack`` until the group has acknowledged every message.
+        """
+        count, sizes = self.plan.members
+        results = [self._group_of(size, count) for size in sizes]
+        return {"groups": results}
+
+    def _group_of(self, size: int, count: int) -> dict[str, Any]:
+        """One group of ``size`` members handling ``count`` messages (see :meth:`members`)."""
+        from engine.control.simple_consumer import SimpleConsumer
+        from engine.core.config import GroupConfig
+
+        cfg = self.cfg(f"members-{size}")
+        self.say(f"members: {count:,} messages, a group of {size}")
+        ids = set(send_many(self.spark, cfg, [Message("jobs", f"m{i}") for i in range(count)]))
+        acked: list[str] = []
+        lock = threading.Lock()
+        done = threading.Event()
+        settings = GroupConfig(poll_timeout_ms=1000)
+
+        def member(name: str) -> None:
+            simple = SimpleConsumer(
+                self.spark, cfg, f"g{size}", ["jobs"], invisible=60, settings=settings, name=name
+            )
+            while not done.is_set():
+                batch = simple.receive(max_messages=32, timeout=1)
+                if batch:
+                    simple.ack(*batch, wait=60)
+                    with lock:
+                        acked.extend(m.origin_msg_id for m in batch)
+                        if set(acked) >= ids:
+                            done.set()
+
+        with self.engine(cfg) as engine:
+            if not self.drain(engine, self.plan.drain_seconds):
+                raise RuntimeError(f"members: {count} messages were not delivered")
+            started = time.monotonic()
+            threads = [
+                threading.Thread(target=member, args=(f"m{i}",), daemon=True) for i in range(size)
+            ]
+            for thread in threads:
+                thread.start()
+            finished = done.wait(600)
+            took = time.monotonic() - started
+            done.set()
+            for thread in threads:
+                thread.join(120)
+        row = {
+            "members": size,
+            "messages": count,
+            "handled": len(set(acked)),
+            "twice": len(acked) - len(set(acked)),
+            "seconds": round(took, 1),
+            "msg_per_s": round(len(set(acked)) / took, 1) if finished else None,
+        }
+        self.say(
+            f"  {size} members: {row['handled']:,} handled in {row['seconds']} s "
+            f"({row['msg_per_s']} msg/s), {row['twice']} twice"
+        )
+        return row
+
     def cli(self) -> dict[str, Any]:
         """``delayq`` commands carried out by a running engine, against each command starting
         a Spark of its own (``--local``), run in turn as a user's shell runs them.
@@ -935,7 +1003,6 @@ class Bench:
         """
         from engine.control.endpoint import endpoint_file
         from engine.lakehouse.session import REPO_ROOT
-        from engine.produce.send import Message, send_many
 
         fast_n, local_n = self.plan.cli_runs
         cfg = self.cfg("cli")
@@ -1234,6 +1301,11 @@ def table(results: dict[str, Any]) -> str:
                     f"  {name:<11} {row.get('engine_p50_s')}/{row.get('engine_p95_s')} | "
                     f"{row.get('local_p50_s')}/{row.get('local_p95_s')}"
                 )
+    for r in (work.get("members") or {}).get("groups", []):
+        lines.append(
+            f"members: a group of {r['members']} handled {r['handled']:,}/{r['messages']:,} in "
+            f"{r['seconds']} s ({r['msg_per_s']} msg/s), {r['twice']} twice"
+        )
     wake = work.get("wakeup")
     if wake:
         lines.append(
@@ -1386,6 +1458,7 @@ WORKLOADS = (
     "fanout",
     "aging",
     "wakeup",
+    "members",
     "kafka",
     "cli",
 )
