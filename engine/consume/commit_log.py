@@ -20,7 +20,7 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.delta_log import Txn, append
+from engine.lakehouse.delta_log import Txn, append, is_txn_race
 from engine.lakehouse.layout import layout
 from schemas import CONSUMER_LOG
 
@@ -53,12 +53,17 @@ def forward(
     try:
         count = rows.count()
         if count:
-            append(
-                rows,
-                lay.commitlog,
-                txn=Txn(f"delayq-sendback-{mode}-{group}-{log_id}", seq),
-                metadata=f"delayq {mode} consumer {group} commit {seq}",
-            )
+            try:
+                append(
+                    rows,
+                    lay.commitlog,
+                    txn=Txn(f"delayq-sendback-{mode}-{group}-{log_id}", seq),
+                    metadata=f"delayq {mode} consumer {group} commit {seq}",
+                )
+            except Exception as err:
+                if not is_txn_race(err):
+                    raise
+                # another member of the group forwarded this commit at the same moment
         return count
     finally:
         rows.unpersist()

@@ -22,6 +22,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
@@ -123,20 +124,16 @@ class SimpleConsumer:
         return []
 
     def _commit(self) -> None:
-        """Commit the received batch (once more after a failure: the same commit id makes
-        that safe); if it still fails, drop the batch so that its messages come again."""
+        """Commit the received batch; if that fails, drop the batch (its messages come
+        again, or, had the commit landed, the group's positions show it) and raise."""
         try:
             self.consumer.commit()
         except ConsumerConflictError:
             raise
         except Exception:
-            try:
-                self.consumer.commit()
-            except ConsumerConflictError:
-                raise
-            except Exception:
+            with contextlib.suppress(Exception):
                 self.consumer.abandon()
-                raise
+            raise
 
     def receipt(self, message: Received) -> str:
         """The id of the copy of ``message`` that comes back unless it is acknowledged (as

@@ -131,7 +131,7 @@ SMOKE = BenchPlan(
     kafka_messages=2_000,
     cli_runs=(2, 1),
     aging=(2, 5),
-    members=(60, (1, 2)),
+    members=(40, (2,)),
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 

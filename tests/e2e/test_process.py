@@ -178,7 +178,6 @@ STORM = (
     ("topic-after", 1),
     ("plan", 1),
     ("offset-temp", 1),
-    ("topic-before", 2),
     ("stamp-after", 1),
     ("external", 0),
     ("topic-after", 3),

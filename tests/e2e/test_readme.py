@@ -37,6 +37,9 @@ def user_env(tmp_path: Path) -> dict[str, str]:
         '[levels]\ndelays = "1s 2s 3s"\n'
         '[delivery]\nprogress_interval = "2s"\n'
         '[spark]\nlog_level = "ERROR"\n'
+        # names per session: each of the ~20 processes skips opening the embedded metastore
+        # (4 s); tests/e2e/test_sql.py runs the default catalog end to end
+        '[sql]\ncatalog = "memory"\n'
         '[spark.conf]\n"spark.ui.enabled" = "false"\n'
         '"spark.sql.shuffle.partitions" = "2"\n'
     )
