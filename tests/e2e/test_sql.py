@@ -130,12 +130,24 @@ def test_status_shows_the_sql_addresses(served: Served) -> None:
     assert f"sql         {served.jdbc} (JDBC), {served.connect} (Spark Connect)" in output
 
 
+def _answers(served: Served, sql: str) -> bool:
+    """Whether beeline runs ``sql`` without an error."""
+    args = ["beeline", "-u", served.jdbc, "--silent=true", "--outputformat=csv2", "-e", sql]
+    done = subprocess.run(
+        args, capture_output=True, text=True, timeout=180, env=_env(), cwd=REPO_ROOT
+    )
+    return done.returncode == 0
+
+
 def test_beeline_reads_topics_and_views_and_sends_with_insert(served: Served) -> None:
     def beeline(sql: str) -> list[str]:
         args = ["beeline", "-u", served.jdbc, "--silent=true", "--outputformat=csv2", "-e", sql]
         return _run(args).split()[-2:]  # the header and the one value, after the prompt
 
     assert beeline(f"SELECT count(*) AS n FROM {DB}.orders") == ["n", "5"]
+    # The checkpoint views are named after the round that first committed progress, some
+    # seconds after its rows became visible (each name is a metastore write).
+    wait_for(lambda: _answers(served, f"SELECT count(*) AS p FROM {DB}.pending"), 60, "views")
     assert beeline(f"SELECT count(*) AS p FROM {DB}.pending") == ["p", "0"]
     # a send through JDBC: an INSERT into commitlog, delivered by the engine like any other
     beeline(
