@@ -399,11 +399,11 @@ class Delivery:
     ) -> dict[str, int]:
         # Keyed by table: topics differing only in case share one table. One write per
         # table and sink; a replayed round skips the writes its sinks say finished.
-        tables = topic_tables(found.deliver)
+        tables = topic_tables(to_topic_rows(found.deliver, delivered_ts, plan.round))
         sinks = self.sinks()
 
         def write(name: str) -> None:
-            rows = to_topic_rows(tables[name], delivered_ts, plan.round)
+            rows = tables[name]
             for sink in sinks.of(name):
                 if not (replayed and sink.written(plan.round, name)):
                     sink.write(plan.round, name, rows, replayed)

@@ -67,6 +67,9 @@ APPENDABLE_FEATURES = frozenset(
 STATS_COLUMNS = 32
 #: Strings longer than this get no min/max (Delta truncates them; leaving them out is exact).
 STATS_STRING_CHARS = 32
+#: Statistics of a file with at most this many rows are computed in Python (the same values:
+#: UTF-8 byte order is code point order), cheaper than one compute call per column.
+SMALL_FILE_ROWS = 64
 #: Versions a commit may try before it gives up (each lost race moves one version on).
 COMMIT_ATTEMPTS = 1000
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
@@ -138,6 +141,7 @@ class LogAppender:
         self._state: _State | None = None
         self._identity: tuple[int, int] | None = None  # of the first commit's file, at load
         self.refused: str | None = None  # why the table takes no blind append from here
+        self._last_checkpoint: tuple[tuple[int, int, int] | None, int] = (None, -1)
 
     def _load(self, txn: Txn | None = None) -> tuple[_State | None, bool]:
         """Read the table's state; and whether ``txn`` is already recorded in it."""
@@ -357,11 +361,16 @@ class LogAppender:
     def _checkpointed_after(self, version: int) -> bool:
         """Whether the table has a checkpoint past ``version``: commits this appender never
         read may be cleaned up, and only a reload knows what they changed."""
+        name = os.path.join(self.log_dir, "_last_checkpoint")
         try:
-            with open(os.path.join(self.log_dir, "_last_checkpoint"), encoding="utf-8") as f:
-                return int(json.load(f)["version"]) > version
+            found = os.stat(name)
+            seen = (found.st_ino, found.st_mtime_ns, found.st_size)
+            if seen != self._last_checkpoint[0]:  # read it again only when it changed
+                with open(name, encoding="utf-8") as f:
+                    self._last_checkpoint = (seen, int(json.load(f)["version"]))
         except (FileNotFoundError, ValueError, KeyError):
             return False
+        return self._last_checkpoint[1] > version
 
 
 def conform(rows: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
@@ -382,18 +391,22 @@ def conform(rows: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
         a: [[null]]
         b: [[1]]
     """
-    extra = sorted(set(rows.column_names) - set(schema.names))
+    present = {name: i for i, name in enumerate(rows.column_names)}
+    extra = sorted(set(present) - set(schema.names))
     if extra:
         raise ValueError(f"{path} has no column {', '.join(extra)}")
     columns = []
     for field in schema:
-        if field.name in rows.column_names:
-            columns.append(rows[field.name])
+        if field.name in present:
+            column = rows.column(present[field.name])
+            # A cast per column, and only where the type differs: a whole-table cast costs
+            # more than the rest of a small append.
+            columns.append(column if column.type == field.type else column.cast(field.type))
         elif field.nullable:
             columns.append(pa.nulls(rows.num_rows, field.type))
         else:
             raise KeyError(f"{path} requires column {field.name}")
-    return pa.table(columns, names=schema.names).cast(schema)
+    return pa.Table.from_arrays(columns, schema=schema)
 
 
 # ---------------------------------------------------------------------- statistics
@@ -409,6 +422,7 @@ def file_stats(rows: pa.Table) -> dict[str, Any]:
     low: dict[str, Any] = {}
     high: dict[str, Any] = {}
     nulls: dict[str, int] = {}
+    small = rows.num_rows <= SMALL_FILE_ROWS
     for name in rows.column_names[:STATS_COLUMNS]:
         column = rows.column(name)
         kind = column.type
@@ -417,8 +431,12 @@ def file_stats(rows: pa.Table) -> dict[str, Any]:
         nulls[name] = column.null_count
         if column.null_count == len(column) or not _has_bounds(kind):
             continue
-        bounds = pc.min_max(column)
-        lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
+        if small:  # a few rows: Python's min and max cost less than a compute call each
+            values = [v for v in column.to_pylist() if v is not None]
+            lo, hi = min(values), max(values)
+        else:
+            bounds = pc.min_max(column)
+            lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
         if pa.types.is_timestamp(kind):
             lo, hi = _millis(lo, up=False), _millis(hi, up=True)
         elif pa.types.is_date(kind):
@@ -446,7 +464,10 @@ def _millis(value: datetime, *, up: bool) -> str:
     cut = value.replace(microsecond=value.microsecond // 1000 * 1000)
     if up and cut != value:
         cut += timedelta(milliseconds=1)
-    return f"{cut.year:04d}-" + cut.strftime("%m-%dT%H:%M:%S.") + f"{cut.microsecond // 1000:03d}Z"
+    return (
+        f"{cut.year:04d}-{cut.month:02d}-{cut.day:02d}T"
+        f"{cut.hour:02d}:{cut.minute:02d}:{cut.second:02d}.{cut.microsecond // 1000:03d}Z"
+    )
 
 
 def _partitions(
