@@ -375,7 +375,7 @@ class EngineConfig:
     poll_interval_ms: int = 200
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000
-    topic_writers: int = 16
+    topic_writers: int = 4
     lease_timeout_ms: int = 15_000
     lease_standby: bool = False
     spark_master: str = "local[2]"
