@@ -252,7 +252,7 @@ class MemorySampler(threading.Thread):
         super().__init__(name="memory-sampler", daemon=True)
         view = jvm(spark)
         self._bean = view.java.lang.management.ManagementFactory.getMemoryMXBean()
-        self._jvm_pid = int(view.java.lang.ProcessHandle.current().pid())
+        self.jvm_pid = int(view.java.lang.ProcessHandle.current().pid())
         self._stop = threading.Event()
         self.peak: dict[str, float] = {}
 
@@ -266,7 +266,7 @@ class MemorySampler(threading.Thread):
             try:
                 sample = {
                     "jvm_heap_used_mb": self._bean.getHeapMemoryUsage().getUsed() / 2**20,
-                    "jvm_rss_mb": _rss_mb(self._jvm_pid),
+                    "jvm_rss_mb": _rss_mb(self.jvm_pid),
                     "python_rss_mb": _rss_mb(os.getpid()),
                 }
             except Exception:  # the JVM is going down
@@ -284,6 +284,12 @@ def _rss_mb(pid: int) -> float:
         if line.startswith("VmRSS:"):
             return int(line.split()[1]) / 1024
     return 0.0
+
+
+def _cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def _tree_rss_mb(pid: int) -> float:
@@ -1095,11 +1101,11 @@ class Bench:
     def kafka(self) -> dict[str, Any]:
         """Kafka topic -> ingest -> delay (level 1) -> delivery to a Kafka topic, end to end.
 
-        Starts a broker of its own (``.kafka/lib``), writes the input records with Spark and
-        runs the ingest stream and the engine. The clock runs from the first write until the
-        output topic's end offsets hold every record (asked every 50 ms, so the measuring
-        client does not compete with the engine for the cores); then the output is read
-        with kafka-python and checked: every record once.
+        Starts a broker of its own (``.kafka/lib``), writes the input records with Spark
+        (``write_to_kafka_s``), then starts the engine and the ingest stream. The clock runs
+        from the ingest's start until the output topic's end offsets hold every record (asked
+        every 50 ms, so the measuring client does not compete with the engine for the cores);
+        then the output is read with kafka-python and checked: every record once.
         """
         from kafka import KafkaConsumer, TopicPartition
 
@@ -1138,14 +1144,20 @@ class Bench:
                 group_id=None,
                 consumer_timeout_ms=2000,
             )
+            # The input is written first: producers run elsewhere in a deployment, and on
+            # 2 cores a load generator's Spark job would take its share from the engine.
+            loading = time.monotonic()
+            records.write.format("kafka").option(
+                "kafka.bootstrap.servers", broker.bootstrap_servers
+            ).save()
+            written = time.monotonic() - loading
             with self.engine(cfg) as engine:
+                pids = {"spark_jvm": self.memory.jvm_pid, "python": os.getpid()}
+                pids["broker"] = broker.pid
+                cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
+                started = time.monotonic()
                 ingest = start_ingest(self.spark, cfg)
                 try:
-                    started = time.monotonic()
-                    records.write.format("kafka").option(
-                        "kafka.bootstrap.servers", broker.bootstrap_servers
-                    ).save()
-                    written = time.monotonic() - started
                     deadline = time.monotonic() + self.plan.drain_seconds + size / 1000
                     arrived = 0
                     while arrived < size and time.monotonic() < deadline:
@@ -1155,6 +1167,7 @@ class Bench:
                         arrived = sum(ends.values())
                         engine.check_queries()
                     elapsed = time.monotonic() - started
+                    cpu = {n: round(_cpu_s(pid) - cpu_before[n], 1) for n, pid in pids.items()}
                 finally:
                     ingest.stop()
             reading = time.monotonic()
@@ -1174,12 +1187,14 @@ class Bench:
             "end_to_end_s": round(elapsed, 2),
             "msg_per_s": round(len(seen) / max(elapsed, 1e-9)),
             "check_read_s": round(read_s, 2),
+            "cpu_s": cpu,  # CPU seconds per process while measured (2 cores: 2 s per second)
             "delay_level": 1,
             "levels": BENCH_LEVELS,
         }
         self.say(
             f"  {len(seen):,}/{size:,} back in {elapsed:.1f} s: {result['msg_per_s']:,} msg/s "
-            f"end to end (1 s delay included), {result['duplicates']} duplicates"
+            f"end to end (1 s delay included), {result['duplicates']} duplicates; CPU s "
+            + ", ".join(f"{name} {used}" for name, used in cpu.items())
         )
         return result
 
