@@ -141,7 +141,7 @@ class LogAppender:
         self._state: _State | None = None
         self._identity: tuple[int, int] | None = None  # of the first commit's file, at load
         self.refused: str | None = None  # why the table takes no blind append from here
-        self._last_checkpoint: tuple[tuple[int, int, int] | None, int] = (None, -1)
+        self._last_checkpoint: tuple[tuple[int, int, int, int] | None, int] = (None, -1)
 
     def _load(self, txn: Txn | None = None) -> tuple[_State | None, bool]:
         """Read the table's state; and whether ``txn`` is already recorded in it."""
@@ -364,7 +364,7 @@ class LogAppender:
         name = os.path.join(self.log_dir, "_last_checkpoint")
         try:
             found = os.stat(name)
-            seen = (found.st_ino, found.st_mtime_ns, found.st_size)
+            seen = (found.st_ino, found.st_mtime_ns, found.st_ctime_ns, found.st_size)
             if seen != self._last_checkpoint[0]:  # read it again only when it changed
                 with open(name, encoding="utf-8") as f:
                     self._last_checkpoint = (seen, int(json.load(f)["version"]))
@@ -432,6 +432,9 @@ def file_stats(rows: pa.Table) -> dict[str, Any]:
         if column.null_count == len(column) or not _has_bounds(kind):
             continue
         if small:  # a few rows: Python's min and max cost less than a compute call each
+            if pa.types.is_timestamp(kind) and kind.tz != "UTC":
+                # Python ignores fold when comparing times of one zone: compare in UTC.
+                column = column.cast(pa.timestamp(kind.unit, "UTC"))
             values = [v for v in column.to_pylist() if v is not None]
             lo, hi = min(values), max(values)
         else:

@@ -14,7 +14,7 @@ from engine.lakehouse.log_append import conform, file_stats
 
 def _rows(n: int, seed: int) -> pa.Table:
     pick = random.Random(seed)
-    start = datetime(2026, 11, 25, tzinfo=UTC)
+    start = datetime(2026, 11, 1, tzinfo=UTC)  # New York falls back at 06:00 UTC
     words = ["a", "B", "é", "z", "Ω", "日本", "", "~", "ab"]
 
     def maybe(value: object) -> object:
@@ -28,6 +28,14 @@ def _rows(n: int, seed: int) -> pa.Table:
                 [maybe(start + timedelta(microseconds=pick.randint(0, 10**7))) for _ in range(n)],
                 pa.timestamp("us", "UTC"),
             ),
+            "local": pa.array(  # an autumn night's repeated hour: fold matters
+                [maybe(start + timedelta(hours=5, minutes=pick.randint(0, 100))) for _ in range(n)],
+                pa.timestamp("us", "UTC"),
+            ).cast(pa.timestamp("us", "America/New_York")),
+            "day": pa.array(
+                [maybe(start.date() + timedelta(days=pick.randint(0, 9))) for _ in range(n)]
+            ),
+            "long": pa.array([maybe(pick.choice(words) * 20) for _ in range(n)], pa.large_string()),
             "none": pa.nulls(n, pa.int64()),
             "body": pa.array([b"x"] * n, pa.binary()),
         }
