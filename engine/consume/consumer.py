@@ -41,7 +41,7 @@ from engine.core.clock import Clock, SystemClock, from_micros
 from engine.core.config import EngineConfig, GroupConfig
 from engine.core.errors import ConsumerConflictError, ConsumerError
 from engine.core.message import PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME, PROP_RETRY_TOPIC
-from engine.core.topics import RETRY_PREFIX, check_group, retry_topic
+from engine.core.topics import RETRY_PREFIX, check_group, member_group, retry_topic
 from engine.lakehouse.catalog import register_table
 from engine.lakehouse.delta_log import VersionTracker, is_txn_race, table_id
 from engine.lakehouse.layout import layout
@@ -134,6 +134,11 @@ class Consumer:
             (:mod:`engine.consume.filters`). Both filters apply to the subscribed topics, not
             to the group's retry topic; the messages they leave out count as consumed once
             the group commits a poll after them.
+        broadcast: RocketMQ's broadcasting mode: every member gets every message. The
+            member keeps its own positions, retries and dead letters as group
+            ``<group>__<name>`` (``delayq lag`` lists it); ``name`` is required and must stay
+            the same across restarts, or the member starts over as a new one. Without it
+            (clustering mode) the members of a group share its messages.
 
     Raises:
         ConsumerError: when the group name, the tag expression or the condition is not
@@ -153,13 +158,20 @@ class Consumer:
         name: str | None = None,
         tags: str | None = None,
         where: str | None = None,
+        broadcast: bool = False,
     ) -> None:
         self.spark = spark
         self.filter = message_filter(tags, where)  # a bad expression fails here
         self.cfg = cfg
-        self.group = check_group(group)
-        self.settings = settings or cfg.group(self.group)
-        check_retry_delays(cfg, self.group, self.settings)
+        if broadcast and not name:
+            raise ConsumerError(
+                f"broadcasting in group {group!r} needs name=: each member keeps its own "
+                "positions under its name, which must stay the same across restarts"
+            )
+        base = check_group(group)
+        self.group = member_group(base, name or "") if broadcast else base
+        self.settings = settings or cfg.group(base)
+        check_retry_delays(cfg, base, self.settings)
         self.clock = clock or SystemClock()
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         self.topics = list(topics)

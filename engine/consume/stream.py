@@ -9,14 +9,17 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 
+import pyarrow as pa
+import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 from pyspark.sql.streaming.query import StreamingQuery
 
 from engine.consume.commit_log import STREAM, append_commit, commit_columns, forward, offset_rows
+from engine.consume.filters import message_filter
 from engine.consume.retry import check_retry_delays, consumer_columns, sendback_rows
 from engine.consume.subscription import known_topics
 from engine.core.clock import Clock, SystemClock
@@ -42,6 +45,8 @@ def consume_stream(
     clock: Clock | None = None,
     trigger_interval: str = "1 second",
     available_now: bool = False,
+    tags: str | None = None,
+    where: str | None = None,
 ) -> StreamingQuery:
     """Consume topics as ``group`` with ``readStream`` + ``foreachBatch``.
 
@@ -53,6 +58,11 @@ def consume_stream(
     each micro-batch commits once (``txnVersion`` = batch id), so a replayed batch sends
     nothing twice.
 
+    ``tags`` and ``where`` filter the subscribed topics as :class:`~engine.consume.consumer.
+    Consumer`'s do (not the group's retry topic): the handler gets only the messages they
+    take, and the others count as consumed with the batch. A bad expression raises
+    :class:`~engine.core.errors.ConsumerError` here, before the stream starts.
+
     Example:
         >>> def handle(batch):
         ...     return batch.select("msg_id", F.when(F.col("body").isNull(), "empty")
@@ -62,7 +72,11 @@ def consume_stream(
     Returns:
         The started query; its checkpoint is ``_checkpoints/consumer_<group>``.
     """
+    chosen_filter = message_filter(tags, where)  # a bad expression fails here
     group = check_group(group)
+    keep = None
+    if chosen_filter is not None:  # Kleene OR: a retried message is taken whatever it holds
+        keep = (ds.field("table") == retry_topic(group)) | chosen_filter
     chosen = settings or cfg.group(group)
     check_retry_delays(cfg, group, chosen)
     names = [*known_topics(spark, cfg, list(topics)), retry_topic(group)]
@@ -83,8 +97,9 @@ def consume_stream(
         if not mode:
             mode.append(f"{STREAM}-{stream_query_id(spark, checkpoint)}")
         _stream_batch(
-            spark, cfg, group, chosen, handler, batch, (mode[0], log_id), batch_id, clock.now()
-        )
+            spark, cfg, group, chosen, handler, batch, (mode[0], log_id), batch_id, clock.now(),
+            keep,
+        )  # fmt: skip
 
     writer = (
         stream.writeStream.foreachBatch(run_batch)
@@ -109,9 +124,12 @@ def _stream_batch(
     commit: tuple[str, str],
     batch_id: int,
     now: datetime,
+    keep: ds.Expression | None = None,
 ) -> None:
     mode, log_id = commit
     view = consumer_columns(batch).persist()
+    # Positions come from every row; the handler sees (and can fail) only the rows kept.
+    taken = view if keep is None else _kept(view, keep).persist()
     try:
         positions = (
             view.groupBy("table")
@@ -125,7 +143,7 @@ def _stream_batch(
             return
         errors: DataFrame | None = None
         try:
-            outcome = handler(view)
+            outcome = handler(taken)
             if outcome is not None:
                 # One reason per message; run now, so that an error raised while computing
                 # the handler's result fails the batch's rows, not the stream.
@@ -140,8 +158,8 @@ def _stream_batch(
             if errors is not None:
                 errors.unpersist()
             reason = f"{type(err).__name__}: {err}"[:1000]
-            errors = view.select("msg_id", F.lit(reason).alias("reason")).persist()
-        failed = None if errors is None else view.join(errors, "msg_id")
+            errors = taken.select("msg_id", F.lit(reason).alias("reason")).persist()
+        failed = None if errors is None else taken.join(errors, "msg_id")
         failed_rows = None if failed is None else failed.persist()
         try:
             failures = 0 if failed_rows is None else failed_rows.count()
@@ -175,4 +193,16 @@ def _stream_batch(
             if errors is not None:
                 errors.unpersist()
     finally:
+        if taken is not view:
+            taken.unpersist()
         view.unpersist()
+
+
+def _kept(view: DataFrame, keep: ds.Expression) -> DataFrame:
+    """The rows of ``view`` for which the Arrow expression ``keep`` is true (in the workers)."""
+
+    def apply(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        for batch in batches:
+            yield from pa.Table.from_batches([batch]).filter(keep).to_batches()
+
+    return view.mapInArrow(apply, view.schema)

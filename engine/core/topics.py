@@ -111,3 +111,27 @@ def check_group(group: object) -> str:
             f"consumer group {group!r}: use letters, digits and _ (at most 122)"
         ) from None
     return group.lower()
+
+
+def member_group(group: str, member: str) -> str:
+    """The group a broadcasting member commits as, ``<group>__<member>``: its own positions,
+    retry topic and dead letters. Member names ignore case, as group names do, and may not
+    hold ``__`` (``a`` + ``b__c`` would be ``a__b`` + ``c``).
+
+    Raises:
+        ConsumerError: when ``group`` or ``member`` cannot name a group, naming it.
+
+    Example:
+        >>> member_group("Billing", "host_a")
+        'billing__host_a'
+    """
+    group = check_group(group)
+    if not isinstance(member, str) or not member or "__" in member:
+        raise ConsumerError(f"broadcasting member {member!r}: expected a name without __")
+    try:
+        return check_group(f"{group}__{member}")
+    except ConsumerError:
+        raise ConsumerError(
+            f"broadcasting member {member!r} of group {group!r}: use letters, digits and _ "
+            f"(group and member together at most 120)"
+        ) from None

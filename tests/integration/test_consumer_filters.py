@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import pytest
-from pyspark.sql import SparkSession
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 
 from engine.consume.consumer import Consumer, Received
 from engine.consume.lag import lag
+from engine.consume.stream import consume_stream
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig, GroupConfig
 from engine.core.errors import ConsumerError
@@ -108,3 +110,87 @@ def test_a_bad_filter_fails_at_subscribe_naming_it(
 ) -> None:
     with pytest.raises(ConsumerError, match=message.replace("(", r"\(").replace(")", r"\)")):
         Consumer(spark, cfg, "g", ["orders"], **filters)  # type: ignore[arg-type]
+
+
+def test_broadcasting_members_each_get_every_message_with_their_own_positions(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    engine = quiet_engine(spark, cfg, clock)
+    send_many(spark, cfg, ORDERS[:3], clock)
+    engine.step()
+
+    def member(name: str, **extra: object) -> Consumer:
+        return Consumer(
+            spark, cfg, "audit", ["orders"], clock=clock, settings=FAST, name=name,
+            broadcast=True, **extra,  # type: ignore[arg-type]
+        )  # fmt: skip
+
+    a, b = member("host_a"), member("host_b")
+    assert _bodies(a.poll(max_messages=10)) == ["o0", "o1", "o2"]
+    a.ack()
+    a.commit()
+    got = b.poll(max_messages=10)
+    assert _bodies(got) == ["o0", "o1", "o2"], "b is not held back by a"
+    b.nack(next(m for m in got if m.body == b"o0"), "b's own failure")
+    b.ack()
+    b.commit()
+    assert (a.group, b.group) == ("audit__host_a", "audit__host_b")
+    assert _lag(spark, cfg, "audit__host_a") == 0
+
+    # A member restarted under its name goes on from its own position; a failure of b's
+    # comes back to b alone (through its own retry topic).
+    send_many(spark, cfg, [_order(9, "A", "eu", "1")], clock)
+    clock.advance(seconds=1)
+    engine.step()
+    clock.advance(seconds=1)
+    engine.step()
+    assert _bodies(member("host_a").poll(max_messages=10)) == ["o9"]
+    again = member("host_b").poll(max_messages=10)
+    assert _bodies(again) == ["o0", "o9"]
+    assert [m.reconsume_times for m in again if m.body == b"o0"] == [1]
+
+    with pytest.raises(ConsumerError, match="broadcasting in group 'audit' needs name="):
+        Consumer(spark, cfg, "audit", ["orders"], broadcast=True)
+    with pytest.raises(ConsumerError, match="broadcasting in group 'audit' needs name="):
+        Consumer(spark, cfg, "audit", ["orders"], broadcast=True, name="")
+    with pytest.raises(ConsumerError, match="broadcasting member 'no way'"):
+        member("no way")
+    with pytest.raises(ConsumerError, match="broadcasting member 'a__b': expected a name"):
+        member("a__b")
+
+
+def test_a_stream_takes_the_filters_and_passes_the_rest(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    engine = quiet_engine(spark, cfg, clock)
+    send_many(spark, cfg, ORDERS, clock)
+    engine.step()
+    seen: list[str] = []
+
+    def handler(batch: DataFrame) -> DataFrame:
+        seen.extend(sorted(r["body"].decode() for r in batch.collect()))
+        return batch.select(
+            "msg_id", F.when(F.col("body") == F.lit(b"o6"), F.lit("not yet")).alias("error")
+        )
+
+    def run() -> None:
+        query = consume_stream(
+            spark, cfg, "eu_stream", ["orders"], handler, settings=FAST, clock=clock,
+            available_now=True, tags="A || B", where="region = 'eu' AND amount > 100",
+        )  # fmt: skip
+        try:
+            query.awaitTermination()
+        finally:
+            query.stop()
+
+    run()
+    assert seen == ["o0", "o6"]
+    assert _lag(spark, cfg, "eu_stream") == 0, "the messages the filters left out count as consumed"
+    engine.step()  # stamps o6's send-back
+    clock.advance(seconds=1)
+    engine.step()
+    run()  # o6 comes back through the retry topic, which the filters do not touch
+    assert seen == ["o0", "o6", "o6"]
+
+    with pytest.raises(ConsumerError, match="bad tag expression 'A B'"):
+        consume_stream(spark, cfg, "eu_stream", ["orders"], handler, tags="A B")
