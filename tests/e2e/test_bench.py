@@ -1,4 +1,5 @@
-"""The benchmark runs from the spark-submit line `make bench` uses (tiny smoke plan)."""
+"""The benchmark runs from the spark-submit line `make bench` uses (tiny smoke plan: two
+workloads; `make bench` runs them all, and its quick run is what the README reports)."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ def test_bench_smoke_writes_json_chart_and_table(tmp_path: Path) -> None:
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
     done = subprocess.run(
         [str(Path(sys.executable).with_name("spark-submit")), "--properties-file", str(PROPS),
-         "jobs/bench.py", "--mode", "smoke", "--workloads", "steady,spike,aging",
+         "jobs/bench.py", "--mode", "smoke", "--workloads", "steady,spike",
          "--out", str(tmp_path), "--set", "spark.log_level=ERROR",
          "--set", "spark.conf.spark.ui.enabled=false"],
         capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=600,
@@ -31,9 +32,7 @@ def test_bench_smoke_writes_json_chart_and_table(tmp_path: Path) -> None:
     assert result.with_suffix(".png").stat().st_size > 10_000
     work = json.loads(result.read_text())["workloads"]
     (step,) = work["steady"]
-    aging = work["aging"]
-    assert [r["segment"] for r in aging] == [0, 1] and aging[1]["topic_versions"] > 0
-    for run in (step, work["spike"]["spike"], work["spike"]["after_1s"], *aging):
+    for run in (step, work["spike"]["spike"], work["spike"]["after_1s"]):
         assert (run["early"], run["duplicates"], run["missing"]) == (0, 0, 0), run
     assert step["delivered"] == step["sent"] > 0
     assert step["delivery"]["rounds"] > 0 and step["memory_peak"]["jvm_heap_used_mb"] > 0
