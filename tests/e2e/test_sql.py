@@ -53,7 +53,9 @@ def _run(args: list[str], timeout: float = 180) -> str:
         args, capture_output=True, text=True, timeout=timeout, env=_env(), cwd=REPO_ROOT
     )
     output = done.stdout + done.stderr
-    assert done.returncode == 0, output[-3000:]
+    # The error's own line first: a Spark Connect client's output ends in a JVM stack trace.
+    said = [line for line in output.splitlines() if "Exception:" in line or "Error:" in line]
+    assert done.returncode == 0, "\n".join(said[:5]) + "\n...\n" + output[-2000:]
     return done.stdout
 
 
