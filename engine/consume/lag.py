@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from pyspark.sql import DataFrame, SparkSession, Window
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from engine.core.config import EngineConfig
@@ -21,7 +21,8 @@ from engine.lakehouse.views import lag_sql
 
 def lag(spark: SparkSession, cfg: EngineConfig, group: str | None = None) -> DataFrame:
     """Each group's lag per topic table: ``group_name``, ``topic``, ``committed_ts``,
-    ``lag`` (delivered, not yet committed), ``newest_delivered_ts``.
+    ``lag`` (delivered, not yet committed), ``newest_delivered_ts``. ``group`` ignores case
+    and includes its broadcasting members (``<group>__<member>``).
 
     Raises:
         ConsumerError: when ``group`` names a group that never committed.
@@ -30,10 +31,16 @@ def lag(spark: SparkSession, cfg: EngineConfig, group: str | None = None) -> Dat
     sql = lag_sql(layout(cfg).consumer_log, tables or {})
     out = spark.sql(sql)
     if group is not None:
-        out = out.where(F.col("group_name") == group)
+        out = out.where(_in_group(group))
         if out.isEmpty():
             raise ConsumerError(f"unknown consumer group {group!r}: {groups_hint(spark, cfg)}")
     return out.orderBy("group_name", "topic")
+
+
+def _in_group(group: str) -> Column:
+    """The rows of ``group`` (any case) and of its broadcasting members, ``<group>__<member>``."""
+    name = group.lower()
+    return (F.col("group_name") == name) | F.col("group_name").startswith(f"{name}__")
 
 
 def groups(spark: SparkSession, cfg: EngineConfig) -> list[str]:
@@ -75,7 +82,7 @@ def members(
         return spark.createDataFrame([], MEMBERS_SCHEMA)
     log = spark.read.format("delta").load(path)
     if group is not None:
-        log = log.where(F.col("group_name") == group.lower())
+        log = log.where(_in_group(group))
     # One handled message: an acked count on an offset row, or one sent-back row.
     handled = F.when(F.col("kind") == "offset", F.coalesce("acked", F.lit(0))).when(
         F.col("kind").isin("retry", "dead"), F.lit(1)

@@ -136,6 +136,10 @@ def test_broadcasting_members_each_get_every_message_with_their_own_positions(
     b.commit()
     assert (a.group, b.group) == ("audit__host_a", "audit__host_b")
     assert _lag(spark, cfg, "audit__host_a") == 0
+    by_member = lag(spark, cfg, "AUDIT").where("topic = 'orders'").collect()
+    assert [r["group_name"] for r in by_member] == ["audit__host_a", "audit__host_b"], (
+        "the group's lag lists its broadcasting members, whatever the case"
+    )
 
     # A member restarted under its name goes on from its own position; a failure of b's
     # comes back to b alone (through its own retry topic).
