@@ -6,7 +6,8 @@ repository root::
         jobs/bench.py --mode smoke
 
 Options: ``--mode smoke|quick|full`` (default quick), ``--workloads steady,spike,...``,
-``--out bench/out``, ``--set key=value``.
+``--backlogs 0,10000000`` (the pending sizes of ``backlog`` and ``restart`` instead of the
+mode's), ``--out bench/out``, ``--set key=value``.
 Writes ``<out>/<UTC time>-<mode>.json`` and ``.png`` and prints a short table. Quick mode
 takes 15-20 minutes on 2 cores; full mode over an hour (see ``jobs.tools.benchmark``).
 """
@@ -14,6 +15,7 @@ takes 15-20 minutes on 2 cores; full mode over an hour (see ``jobs.tools.benchma
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
@@ -35,6 +37,11 @@ def main(argv: list[str] | None = None) -> int:
         default=",".join(WORKLOADS),
         help=f"comma-separated, from {','.join(WORKLOADS)} (default: all)",
     )
+    parser.add_argument(
+        "--backlogs",
+        metavar="N,N",
+        help="pending sizes for backlog and restart, e.g. 0,10000000 (default: the mode's)",
+    )
     parser.add_argument("--out", default="bench/out", help="output folder (default bench/out)")
     parser.add_argument("--conf", metavar="FILE", help="TOML config (default conf/engine.toml)")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
@@ -46,15 +53,22 @@ def main(argv: list[str] | None = None) -> int:
     unknown = sorted(set(chosen) - set(WORKLOADS))
     if unknown:
         parser.error(f"unknown workloads {unknown}; choose from {', '.join(WORKLOADS)}")
+    plan = PLANS[args.mode]
+    if args.backlogs:
+        try:
+            sizes = tuple(int(n) for n in args.backlogs.split(","))
+        except ValueError:
+            parser.error(f"--backlogs: {args.backlogs!r} is not a comma-separated list of counts")
+        if any(n < 0 for n in sizes):
+            parser.error(f"--backlogs: {args.backlogs!r} has a negative count")
+        plan = dataclasses.replace(plan, backlogs=sizes)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = config_from_args(args)
         spark = build_spark(cfg)
         passed = ["--conf", args.conf] if args.conf else []
         passed += [item for value in args.set for item in ("--set", value)]
-        bench = Bench(
-            spark, cfg, PLANS[args.mode], Path(args.out), engine_args=passed, keep=args.keep
-        )
+        bench = Bench(spark, cfg, plan, Path(args.out), engine_args=passed, keep=args.keep)
         print(f"delayq bench ({args.mode}): {', '.join(chosen)}")
         results = bench.run(chosen)
     except DelayQError as err:
