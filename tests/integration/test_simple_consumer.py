@@ -100,8 +100,10 @@ def test_three_members_share_three_topics_and_a_dead_members_messages_come_to_th
 ) -> None:
     """Real clock, the engine in the background. A third member receives a batch and dies
     without acknowledging it; two members in threads share the rest, and the dead member's
-    messages come to them when their invisible time is over. That time counts from the
-    receiving commit, which takes seconds (Spark jobs) on a busy machine: 20 s leaves room."""
+    messages come to them when their invisible time is over. The second member joins while
+    the first is consuming (after the first's first batch), and the first leaves after its
+    second batch. The invisible time counts from the receiving commit, which takes seconds
+    (Spark jobs) on a busy machine: 20 s leaves room."""
     ids = send_many(spark, cfg, [Message(f"t{i % 3}", f"m{i}") for i in range(60)])
     engine = Engine(spark, cfg, out=lambda _: None)
     engine.start()
@@ -115,8 +117,11 @@ def test_three_members_share_three_topics_and_a_dead_members_messages_come_to_th
             spark, cfg, "workers", ["t0", "t1", "t2"], invisible=20, settings=FAST, name=name
         )
 
-    def member(name: str) -> None:
+    first_batch, left = threading.Event(), threading.Event()
+
+    def member(name: str, leave_after: int | None = None) -> None:
         consumer = simple(name)
+        batches = 0
         while not done.is_set():
             batch = consumer.receive(max_messages=8, timeout=1)
             with lock:
@@ -124,12 +129,21 @@ def test_three_members_share_three_topics_and_a_dead_members_messages_come_to_th
             if batch:
                 statuses = consumer.ack(*batch, wait=30)
                 assert set(statuses) == {"cancelled"}, statuses
+                batches += 1
+                first_batch.set()
                 with lock:
                     acked.extend((name, m.origin_msg_id) for m in batch)
                     if {origin for _, origin in acked} >= set(ids):
                         done.set()
+                if batches == leave_after:
+                    consumer.close()
+                    left.set()
+                    return
 
-    threads = [threading.Thread(target=member, args=(f"member-{i}",)) for i in (1, 2)]
+    threads = [
+        threading.Thread(target=member, args=("member-1", 2)),
+        threading.Thread(target=member, args=("member-2",)),
+    ]
     try:
         dying: list[Received] = []
         for _ in range(60):  # the engine delivers, then the third member takes a batch
@@ -138,8 +152,9 @@ def test_three_members_share_three_topics_and_a_dead_members_messages_come_to_th
                 break
         assert dying, "the third member received a batch"
         handed.extend(("member-3", m.msg_id, m.reconsume_times) for m in dying)
-        for thread in threads:
-            thread.start()
+        threads[0].start()
+        assert first_batch.wait(120), "the first member acknowledged a batch"
+        threads[1].start()  # joins while the first is consuming
         assert done.wait(240), f"{len({o for _, o in acked})} of {len(ids)} acknowledged"
     finally:
         done.set()
@@ -150,6 +165,7 @@ def test_three_members_share_three_topics_and_a_dead_members_messages_come_to_th
     assert sorted(origins) == sorted(ids), "each message acknowledged once, by a live member"
     by_member = {name: sum(1 for n, _ in acked if n == name) for name in ("member-1", "member-2")}
     assert all(by_member.values()), by_member
+    assert left.is_set(), "the first member left after two batches, the second finished"
     first_time = [msg_id for _, msg_id, times in handed if times == 0]
     assert len(first_time) == len(set(first_time)) == len(ids), "never to two members at once"
     came_back = [name for name, _, times in handed if times == 1]
