@@ -93,6 +93,8 @@ class BenchPlan:
     drain_seconds: int = 90
     wakeups: int = 20
     kafka_messages: int = 500_000
+    #: ``kafka_eos``: records sent through both Kafka sinks (at least once, exactly once).
+    kafka_eos_messages: int = 100_000
     #: ``delayq`` command timings: runs through a running engine, runs with ``--local``.
     cli_runs: tuple[int, int] = (10, 1)
     aging: tuple[int, int] = (4, 45)  # segments x seconds, at fanout_rate on one engine
@@ -113,6 +115,7 @@ FULL = BenchPlan(
     (1, 10, 100),
     1_000,
     kafka_messages=2_000_000,
+    kafka_eos_messages=500_000,
     cli_runs=(10, 10),
     aging=(5, 120),
 )
@@ -129,6 +132,7 @@ SMOKE = BenchPlan(
     drain_seconds=60,
     wakeups=3,
     kafka_messages=2_000,
+    kafka_eos_messages=1_000,
     cli_runs=(2, 1),
     aging=(2, 5),
     members=(40, (2,)),
@@ -252,6 +256,7 @@ class MemorySampler(threading.Thread):
         super().__init__(name="memory-sampler", daemon=True)
         view = jvm(spark)
         self._bean = view.java.lang.management.ManagementFactory.getMemoryMXBean()
+        self._system = view.java.lang.System
         self.jvm_pid = int(view.java.lang.ProcessHandle.current().pid())
         self._stop = threading.Event()
         self.peak: dict[str, float] = {}
@@ -260,6 +265,12 @@ class MemorySampler(threading.Thread):
         """Return the peaks since the last reset and start again."""
         peak, self.peak = self.peak, {}
         return peak
+
+    def live_heap_mb(self) -> float:
+        """JVM heap in use right after a full collection: what the driver keeps, without the
+        garbage that makes the sampled peak depend on when the collector last ran."""
+        self._system.gc()
+        return round(float(self._bean.getHeapMemoryUsage().getUsed()) / 2**20, 1)
 
     def run(self) -> None:
         while not self._stop.wait(0.5):
@@ -567,6 +578,7 @@ class Bench:
         result["delivery"] = round_stats(engine, first_round)
         result["stamping"] = stamp_stats(engine, first_batch)
         result["memory_peak"] = self.memory.reset()
+        result["memory_peak"]["jvm_heap_live_mb"] = self.memory.live_heap_mb()
         return result
 
     def warm_up(self) -> None:
@@ -1107,6 +1119,31 @@ class Bench:
         every 50 ms, so the measuring client does not compete with the engine for the cores);
         then the output is read with kafka-python and checked: every record once.
         """
+        return self._kafka("kafka", self.plan.kafka_messages, exactly_once=False)
+
+    def kafka_eos(self) -> dict[str, Any]:
+        """The cost of exactly-once delivery to Kafka: the same records through the default
+        sink (Spark's Kafka writer, at least once) and through ``kafka.exactly_once`` (one
+        transaction per round and topic, kafka-python's transactional producer), one after
+        the other, each on a fresh broker and lakehouse. The output is read back
+        ``read_committed``."""
+        size = self.plan.kafka_eos_messages
+        runs = {
+            "at_least_once": self._kafka("kafka-alo", size, exactly_once=False),
+            "exactly_once": self._kafka("kafka-eos", size, exactly_once=True),
+        }
+        alo, eos = runs["at_least_once"], runs["exactly_once"]
+        topic_s = [r["delivery"].get("stage_mean_s", {}).get("topics") for r in (alo, eos)]
+        runs["throughput_ratio"] = round(eos["msg_per_s"] / max(alo["msg_per_s"], 1), 3)
+        if None not in topic_s:
+            runs["topic_stage_ratio"] = round(topic_s[1] / max(topic_s[0], 1e-9), 2)
+        self.say(
+            f"  exactly once / at least once: {runs['throughput_ratio']}x the msg/s, "
+            f"{runs.get('topic_stage_ratio')}x the topic stage per round"
+        )
+        return runs
+
+    def _kafka(self, name: str, size: int, *, exactly_once: bool) -> dict[str, Any]:
         from kafka import KafkaConsumer, TopicPartition
 
         from engine.lakehouse.session import REPO_ROOT
@@ -1114,15 +1151,18 @@ class Bench:
         from jobs.tools.broker import start as start_broker
         from jobs.tools.broker import stop as stop_broker
 
-        size = self.plan.kafka_messages
-        home = self.lake_root / "kafka-broker"
+        home = self.lake_root / f"{name}-broker"
         broker = start_broker(home, 19092, 19093, lib=REPO_ROOT / ".kafka" / "lib")
-        self.say(f"kafka: broker up in {broker.started_in:.1f} s; {size:,} records end to end")
-        base = self.cfg("kafka")
+        sink = "exactly once" if exactly_once else "at least once"
+        self.say(
+            f"{name}: broker up in {broker.started_in:.1f} s; {size:,} records end to end, {sink}"
+        )
+        base = self.cfg(name)
         cfg = base.with_overrides(
             kafka_bootstrap=broker.bootstrap_servers,
             kafka_ingest_topics=("bench_in",),
             kafka_sinks={"bench_out": "kafka"},
+            kafka_exactly_once=exactly_once,
         )
         try:
             records = self.spark.range(size).select(
@@ -1143,6 +1183,7 @@ class Bench:
                 auto_offset_reset="earliest",
                 group_id=None,
                 consumer_timeout_ms=2000,
+                isolation_level="read_committed",
             )
             # The input is written first: producers run elsewhere in a deployment, and on
             # 2 cores a load generator's Spark job would take its share from the engine.
@@ -1154,7 +1195,8 @@ class Bench:
             with self.engine(cfg) as engine:
                 pids = {"spark_jvm": self.memory.jvm_pid, "python": os.getpid()}
                 pids["broker"] = broker.pid
-                cpu_before = {name: _cpu_s(pid) for name, pid in pids.items()}
+                cpu_before = {proc: _cpu_s(pid) for proc, pid in pids.items()}
+                since = len(engine.stats.recent)
                 started = time.monotonic()
                 ingest = start_ingest(self.spark, cfg)
                 try:
@@ -1168,6 +1210,13 @@ class Bench:
                         engine.check_queries()
                     elapsed = time.monotonic() - started
                     cpu = {n: round(_cpu_s(pid) - cpu_before[n], 1) for n, pid in pids.items()}
+                    # The records are readable before the round that wrote them is recorded.
+                    settle = time.monotonic() + 10
+                    while time.monotonic() < settle and size > sum(
+                        r.delivered for r in list(engine.stats.recent)[since:]
+                    ):
+                        time.sleep(0.05)
+                    rounds = round_stats(engine, since)
                 finally:
                     ingest.stop()
             reading = time.monotonic()
@@ -1177,6 +1226,12 @@ class Bench:
             consumer.close()
         finally:
             stop_broker(home)
+            # Spark keeps its Kafka producers for minutes; they would log a failed reconnect
+            # to the stopped broker every second through the workloads that follow.
+            log4j = jvm(self.spark).org.apache.logging.log4j
+            log4j.core.config.Configurator.setLevel(
+                "org.apache.kafka.clients.NetworkClient", log4j.Level.ERROR
+            )
         seen = set(values)
         result = {
             "messages": size,
@@ -1190,11 +1245,14 @@ class Bench:
             "cpu_s": cpu,  # CPU seconds per process while measured (2 cores: 2 s per second)
             "delay_level": 1,
             "levels": BENCH_LEVELS,
+            "exactly_once": exactly_once,
+            "delivery": rounds,
         }
         self.say(
             f"  {len(seen):,}/{size:,} back in {elapsed:.1f} s: {result['msg_per_s']:,} msg/s "
             f"end to end (1 s delay included), {result['duplicates']} duplicates; CPU s "
-            + ", ".join(f"{name} {used}" for name, used in cpu.items())
+            + ", ".join(f"{proc} {used}" for proc, used in cpu.items())
+            + f"; round {rounds.get('round_mean_s')} s"
         )
         return result
 
@@ -1273,7 +1331,7 @@ def table(results: dict[str, Any]) -> str:
     """The short table printed at the end."""
     lines = [
         f"{'workload':<22}{'msg/s':>8}{'p50 ms':>9}{'p95 ms':>9}{'p99 ms':>9}{'max ms':>9}"
-        f"{'early':>6}{'dup':>5}{'miss':>6}{'round s':>9}{'files':>7}{'heap MB':>9}"
+        f"{'early':>6}{'dup':>5}{'miss':>6}{'round s':>9}{'files':>7}{'heap MB':>9}{'live MB':>9}"
     ]
     work = _succeeded(results["workloads"])
     rows: list[tuple[str, dict[str, Any]]] = []
@@ -1289,6 +1347,7 @@ def table(results: dict[str, Any]) -> str:
             f"{_n(r['late_p99_ms']):>9}{_n(r['late_max_ms']):>9}{r['early']:>6}"
             f"{r['duplicates']:>5}{r['missing']:>6}{_n(d.get('round_mean_s')):>9}"
             f"{_n(d.get('files_read_mean')):>7}{_n(r['memory_peak'].get('jvm_heap_used_mb')):>9}"
+            f"{_n(r['memory_peak'].get('jvm_heap_live_mb')):>9}"
         )
     spike = work.get("spike")
     if spike:
@@ -1306,6 +1365,17 @@ def table(results: dict[str, Any]) -> str:
             f"{kafka['end_to_end_s']} s ({kafka['msg_per_s']:,} msg/s, level 1 delay included), "
             f"{kafka.get('duplicates', 0)} duplicates; "
             f"broker started in {kafka['broker_start_s']} s"
+        )
+    eos = work.get("kafka_eos")
+    if eos and "exactly_once" in eos:
+        alo, once = eos["at_least_once"], eos["exactly_once"]
+        lines.append(
+            f"kafka exactly once vs at least once, {once['messages']:,} records: "
+            f"{once['msg_per_s']:,} vs {alo['msg_per_s']:,} msg/s "
+            f"({eos['throughput_ratio']}x); topic stage per round "
+            f"{once['delivery'].get('stage_mean_s', {}).get('topics')} vs "
+            f"{alo['delivery'].get('stage_mean_s', {}).get('topics')} s; duplicates "
+            f"{once['duplicates']} / {alo['duplicates']} (read_committed)"
         )
     commands = work.get("cli")
     if commands:
@@ -1475,6 +1545,7 @@ WORKLOADS = (
     "wakeup",
     "members",
     "kafka",
+    "kafka_eos",
     "cli",
 )
 
