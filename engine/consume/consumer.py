@@ -28,13 +28,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Self
 
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql import functions as F
+from pyspark.sql import SparkSession
 
-from engine.consume import commit_log
-from engine.consume.commit_log import POLL, append_commit, commit_columns, offset_rows
+from engine.consume.commit_log import POLL
 from engine.consume.filters import message_filter
-from engine.consume.retry import check_retry_delays, consumer_columns, sendback_rows
+from engine.consume.group_log import GroupLog
+from engine.consume.retry import check_retry_delays, sendback_record
 from engine.consume.subscription import known_topics
 from engine.consume.topic_reader import TopicReader
 from engine.core.clock import Clock, SystemClock, from_micros
@@ -43,7 +42,7 @@ from engine.core.errors import ConsumerConflictError, ConsumerError
 from engine.core.message import PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME, PROP_RETRY_TOPIC
 from engine.core.topics import RETRY_PREFIX, check_group, member_group, retry_topic
 from engine.lakehouse.catalog import register_table
-from engine.lakehouse.delta_log import VersionTracker, is_txn_race, table_id
+from engine.lakehouse.delta_log import VersionTracker, table_id
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_consumer_log
 
@@ -70,6 +69,7 @@ class Received:
         delivery_round: the delivery round that wrote it.
         receipt: for a message a :class:`~engine.control.simple_consumer.SimpleConsumer`
             received, the id of the copy that brings it back unless acknowledged.
+        born_ts: when the producer made it (``None`` when it did not say).
     """
 
     msg_id: str
@@ -86,6 +86,7 @@ class Received:
     delivery_round: int
     _deliver_us: int = field(repr=False, compare=False, default=0)
     receipt: str = field(default="", compare=False)
+    born_ts: datetime | None = field(default=None, compare=False)
 
     @property
     def position(self) -> tuple[int, int, str]:
@@ -176,8 +177,7 @@ class Consumer:
         self.name = name or f"consumer-{uuid.uuid4().hex[:8]}"
         self.topics = list(topics)
         self.tables: dict[str, _Table] = {}
-        self._log = VersionTracker(spark, layout(cfg).consumer_log)
-        self._log_seen = -1
+        self._log = GroupLog(cfg, self.group, POLL)
         self._log_id = ""
         self._batch: list[Received] = []
         self._commit_id = ""
@@ -187,6 +187,7 @@ class Consumer:
         self._opened = False
         self.seq = -1
         self._unforwarded: int | None = None
+        self._sendbacks: list[dict[str, Any]] | None = None  # the last commit's, if known
 
     def open(self) -> Self:
         """Check the topics, restore the group's positions, forward what a crash left.
@@ -222,37 +223,29 @@ class Consumer:
     # ---------------------------------------------------------------- state
 
     def _restore(self) -> tuple[int, int | None]:
-        """The group's last commit number and positions, from ``consumer_log``."""
-        self._log_seen = self._log.latest()
-        log = self.spark.read.format("delta").load(self._log.path)
-        mine = log.where((F.col("group_name") == self.group) & (F.col("mode") == POLL))
-        latest = mine.agg(F.max("commit_seq")).first()
-        seq = -1 if latest is None or latest[0] is None else int(latest[0])
-        rows = (
-            mine.where(F.col("kind") == "offset")
-            .groupBy("topic")
-            .agg(
-                F.max(
-                    F.struct("delivery_round", F.unix_micros("deliver_ts"), F.col("msg_id"))
-                ).alias("p")
-            )
-            .collect()
-        )
-        for row in rows:
-            table = self.tables.get(row["topic"])
+        """The group's last commit number and positions, from ``consumer_log`` (the commits
+        made since the last look, read with Arrow)."""
+        self._log.refresh()
+        for name, position in self._log.positions.items():
+            table = self.tables.get(name)
             if table is not None:
-                table.position = (int(row["p"][0]), int(row["p"][1]), str(row["p"][2]))
+                table.position = position
         for table in self.tables.values():
             table.empty_at = None  # positions may have moved
             table.skip_to = None
         # The latest commit's send-backs may not have reached commitlog (a crash).
+        seq = self._log.seq
+        self._sendbacks = None
         return seq, (seq if seq >= 0 else None)
 
     def _catch_up(self) -> None:
         """Take the positions another consumer of the group committed since (a file probe
         when nothing changed)."""
-        if self._log.latest() != self._log_seen:
-            self.seq, self._unforwarded = self._restore()
+        if self._log.latest() != self._log.version:
+            seq = self._log.seq
+            self.seq, unforwarded = self._restore()
+            if self.seq != seq:  # another member committed: forward, should it have crashed
+                self._unforwarded = unforwarded
             self._forward_pending()
 
     def positions(self) -> dict[str, tuple[int, int, str] | None]:
@@ -421,23 +414,27 @@ class Consumer:
         ends = {t: m.position for t, m in last.items()}
         for t, skip in skipped.items():
             ends[t] = max(ends.get(t, skip), skip)
-        offsets = offset_rows(
-            self.spark, [(t, end, acked.get(t, 0)) for t, end in sorted(ends.items())]
-        )
-        failed = [m for m in self._batch if self._settled[m.msg_id] is not None]
-        rows = offsets
-        if failed:
-            rows = offsets.unionByName(
-                sendback_rows(self._failed_rows(failed), self.group, self.settings, now),
-                allowMissingColumns=True,
-            )
-        rows = commit_columns(rows, self.group, POLL, seq, commit_id, self.name, now)
-        try:
-            append_commit(self.spark, self.cfg, rows, self.group, POLL, seq)
-        except Exception as err:
-            if not is_txn_race(err):
-                raise
-            # another consumer appended the same commit number at the same moment
+        head = {
+            "group_name": self.group, "mode": POLL, "commit_seq": seq, "commit_id": commit_id,
+            "consumer": self.name, "committed_ts": now,
+        }  # fmt: skip
+        rows = [
+            dict(head, kind="offset", topic=t, delivery_round=end[0],
+                 deliver_ts=from_micros(end[1]), msg_id=end[2], acked=acked.get(t, 0))
+            for t, end in sorted(ends.items())
+        ]  # fmt: skip
+        sendbacks = []
+        for m in self._batch:
+            reason = self._settled[m.msg_id]
+            if reason is None:
+                continue
+            kind, back = sendback_record(self._failed(m, reason), self.group, self.settings, now)
+            sendbacks.append(back)
+            rows.append(
+                dict(head, kind=kind, topic=m.table, delivery_round=m.delivery_round,
+                     deliver_ts=m.deliver_ts, msg_id=m.msg_id, reason=reason, sendback=back)
+            )  # fmt: skip
+        self._log.append(rows, seq, f"delayq {POLL} consumer {self.group} commit {seq}")
         self._check_committed(seq, commit_id)
         self.seq = seq
         for table, end in ends.items():
@@ -446,53 +443,22 @@ class Consumer:
             reader = self.tables[table].reader
             reader.forget_before(reader.files.version, end)
         self._batch, self._settled, self._delays = [], {}, {}
-        self._unforwarded = seq
-        self._log_seen = self._log.latest()
+        self._unforwarded, self._sendbacks = seq, sendbacks
         return self._forward_pending()
 
-    def _failed_rows(self, failed: list[Received]) -> DataFrame:
-        """The failed messages' topic rows (read back exactly), with their reasons."""
-        reasons = self.spark.createDataFrame(
-            [
-                (
-                    m.table,
-                    m.msg_id,
-                    m.delivery_round,
-                    self._settled[m.msg_id],
-                    self._delays.get(m.msg_id),
-                )
-                for m in failed
-            ],
-            "table string, msg_id string, delivery_round long, reason string, delay_ms long",
-        )
-        frames = []
-        for name in sorted({m.table for m in failed}):
-            rounds = sorted({m.delivery_round for m in failed if m.table == name})
-            rows = (
-                self.spark.read.format("delta")
-                .load(self.tables[name].path)
-                .where(F.col("delivery_round").isin(rounds))
-                .withColumn("table", F.lit(name))
-            )
-            frames.append(rows.join(reasons, ["table", "msg_id", "delivery_round"]))
-        out = frames[0]
-        for frame in frames[1:]:
-            out = out.unionByName(frame)
-        return consumer_columns(out)
+    def _failed(self, m: Received, reason: str) -> dict[str, Any]:
+        """A failed message as :func:`~engine.consume.retry.sendback_record` takes it."""
+        return {
+            "msg_id": m.msg_id, "keys": list(m.keys), "tags": m.tags,
+            "properties": dict(m.properties), "body": m.body, "born_ts": m.born_ts,
+            "real_topic": m.topic, "reconsume_times": m.reconsume_times,
+            "origin_msg_id": m.origin_msg_id, "reason": reason,
+            "delay_ms": self._delays.get(m.msg_id),
+        }  # fmt: skip
 
     def _check_committed(self, seq: int, commit_id: str) -> None:
-        row = (
-            self.spark.read.format("delta")
-            .load(self._log.path)
-            .where(
-                (F.col("group_name") == self.group)
-                & (F.col("mode") == POLL)
-                & (F.col("commit_seq") == seq)
-            )
-            .select("commit_id")
-            .first()
-        )
-        if row is None or row[0] != commit_id:
+        self._log.refresh()
+        if self._log.commit_id(seq) != commit_id:
             self._batch, self._settled, self._delays = [], {}, {}
             self.seq, self._unforwarded = self._restore()
             self._forward_pending()
@@ -504,10 +470,8 @@ class Consumer:
     def _forward_pending(self) -> int:
         if self._unforwarded is None:
             return 0
-        count = commit_log.forward(
-            self.spark, self.cfg, self.group, POLL, self._unforwarded, self._log_id
-        )
-        self._unforwarded = None
+        count = self._log.forward(self._unforwarded, self._log_id, self._sendbacks)
+        self._unforwarded, self._sendbacks = None, None
         return count
 
     def abandon(self) -> None:
@@ -549,6 +513,7 @@ def _received(row: dict[str, Any], table: str) -> Received:
         table=table,
         delivery_round=int(row["delivery_round"]),
         _deliver_us=int(row["deliver_us"]),
+        born_ts=row.get("born_ts"),
     )
 
 

@@ -14,7 +14,10 @@ Example:
 
 from __future__ import annotations
 
-from datetime import datetime
+import hashlib
+import json
+from datetime import datetime, timedelta
+from typing import Any
 
 from pyspark.sql import Column, DataFrame
 from pyspark.sql import functions as F
@@ -139,6 +142,108 @@ def sendback_rows(failed: DataFrame, group: str, settings: GroupConfig, now: dat
         F.col("reason"),
         sendback.alias("sendback"),
     )
+
+
+def sendback_record(
+    failed: dict[str, Any],
+    group: str,
+    settings: GroupConfig,
+    now: datetime,
+) -> tuple[str, dict[str, Any]]:
+    """One failed message's way back, as :func:`sendback_rows` computes it for a DataFrame:
+    its ``kind`` (``retry`` or ``dead``) and its ``commitlog`` row.
+
+    For a consumer that holds the failed messages on the driver (no Spark job). ``failed``
+    has the topic row's columns (``msg_id``, ``keys``, ``tags``, ``properties``, ``body``,
+    ``born_ts``), what a consumer sees (``real_topic``, ``reconsume_times``,
+    ``origin_msg_id``), the ``reason`` and an optional ``delay_ms``.
+
+    Example:
+        >>> from datetime import UTC, datetime
+        >>> row = {"msg_id": "M1", "keys": [], "tags": None, "properties": {}, "body": b"x",
+        ...        "born_ts": None, "real_topic": "orders", "reconsume_times": 0,
+        ...        "origin_msg_id": "M1", "reason": "down"}
+        >>> kind, back = sendback_record(row, "billing", GroupConfig(),
+        ...                              datetime(2026, 1, 1, tzinfo=UTC))
+        >>> kind, back["topic"], back["delay_level"], back["properties"]["RECONSUME_TIME"]
+        ('retry', 'retry_billing', 3, '1')
+    """
+    n = int(failed["reconsume_times"])
+    dead = n >= settings.max_reconsume_times
+    reason = failed.get("reason") or ""
+    failure = {"group": group, "attempt": n, "reason": reason, "at": now.isoformat()}
+    properties = {
+        k: v for k, v in (failed.get("properties") or {}).items() if k not in ENGINE_PROPERTIES
+    }
+    properties[PROP_RETRY_TOPIC] = failed["real_topic"]
+    properties[PROP_ORIGIN_MESSAGE_ID] = failed["origin_msg_id"]
+    properties[PROP_RECONSUME_TIME] = str(n + 1)
+    history = [*_failures((failed.get("properties") or {}).get(PROP_FAILURES)), failure]
+    properties[PROP_FAILURES] = json.dumps(history, separators=(",", ":"), ensure_ascii=False)
+    if dead:
+        properties[PROP_DLQ_REASON] = reason
+    level: int | None = None
+    deliver_at: datetime | None = None
+    own = failed.get("delay_ms")
+    if own is not None:  # a nack with its own delay: retry or dead after it
+        deliver_at = now + timedelta(milliseconds=int(own))
+    elif dead:
+        pass
+    elif settings.retry_delays is None:
+        level = n + RETRY_FIRST_LEVEL
+    else:
+        delays = settings.retry_delays
+        deliver_at = now + timedelta(milliseconds=delays[min(n, len(delays) - 1)])
+    target = dlq_topic(group) if dead else retry_topic(group)
+    return ("dead" if dead else "retry"), {
+        "msg_id": sendback_id(group, failed["msg_id"], n, target),
+        "topic": target,
+        "keys": list(failed.get("keys") or []),
+        "tags": failed.get("tags"),
+        "properties": properties,
+        "body": failed.get("body"),
+        "delay_level": level,
+        "born_ts": failed.get("born_ts"),
+        "store_ts": now,
+        "deliver_at": deliver_at,
+    }
+
+
+def sendback_id(group: str, msg_id: str, attempt: int, target: str) -> str:
+    """The id of the copy that sends ``msg_id`` back after failed attempt ``attempt`` (as
+    :func:`sendback_rows` derives it): the same every time, so a send-back is never two.
+
+    Example:
+        >>> sendback_id("billing", "M1", 0, "retry_billing")
+        '5B9EF3A16137E32223D95D8BE03152C6'
+    """
+    key = f"{group}:{msg_id}:{attempt}:{target}"
+    return hashlib.md5(key.encode("utf-8")).hexdigest().upper()
+
+
+def _failures(text: str | None) -> list[dict[str, Any]]:
+    """An earlier failure history as ``from_json`` reads it with :data:`FAILURES_TYPE`
+    (nothing when it is not a JSON array; a field of the wrong type is null) and
+    ``to_json`` writes it back (null fields left out)."""
+    try:
+        found = json.loads(text) if text else None
+    except ValueError:
+        return []
+    if not isinstance(found, list):
+        return []
+    types = {"group": str, "attempt": int, "reason": str, "at": str}
+    out = []
+    for item in found:
+        if not isinstance(item, dict):
+            continue
+        out.append(
+            {
+                name: item[name]
+                for name, kind in types.items()
+                if isinstance(item.get(name), kind) and not isinstance(item.get(name), bool)
+            }
+        )
+    return out
 
 
 def check_retry_delays(cfg: EngineConfig, group: str, settings: GroupConfig) -> None:

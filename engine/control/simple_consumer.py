@@ -23,13 +23,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
-import hashlib
 from collections.abc import Sequence
 from dataclasses import replace
 
 from pyspark.sql import SparkSession
 
 from engine.consume.consumer import Consumer, Received
+from engine.consume.retry import sendback_id
 from engine.control.commands import DEFAULT_WAIT_S, cancel_many, reschedule_many
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig, GroupConfig
@@ -142,8 +142,7 @@ class SimpleConsumer:
         attempt = message.reconsume_times
         dead = attempt >= self.consumer.settings.max_reconsume_times
         target = dlq_topic(group) if dead else retry_topic(group)
-        key = f"{group}:{message.msg_id}:{attempt}:{target}"
-        return hashlib.md5(key.encode("utf-8")).hexdigest().upper()
+        return sendback_id(group, message.msg_id, attempt, target)
 
     def ack(self, *messages: Received, wait: float = DEFAULT_WAIT_S) -> list[str]:
         """Acknowledge received messages: they do not come back.

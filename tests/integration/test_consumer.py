@@ -11,10 +11,11 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.consume import commit_log
 from engine.consume.consumer import Consumer, Received
 from engine.consume.deadletter import resend
+from engine.consume.group_log import GroupLog
 from engine.consume.lag import lag
+from engine.consume.retry import consumer_columns, sendback_record, sendback_rows
 from engine.consume.stream import consume_stream
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig, GroupConfig
@@ -191,7 +192,7 @@ def test_crash_between_nack_and_commit_retries_once(
     def crash(*_args: Any, **_kw: Any) -> int:
         raise RuntimeError("killed")
 
-    monkeypatch.setattr(commit_log, "forward", crash)
+    monkeypatch.setattr(GroupLog, "forward", crash)
     with pytest.raises(RuntimeError):
         second.commit()
     monkeypatch.undo()
@@ -266,6 +267,66 @@ def test_bad_calls_fail_clearly(spark: SparkSession, cfg: EngineConfig, clock: F
     consumer.commit()
     with pytest.raises(ConsumerError, match=r"unknown consumer group 'nobody'.*billing"):
         lag(spark, cfg, "nobody")
+
+
+@pytest.mark.parametrize(
+    ("settings", "delay_ms"),
+    [(FAST, None), (GroupConfig(max_reconsume_times=3), None), (FAST, 4500)],
+    ids=["retry-delays", "levels", "own-delay"],
+)
+def test_a_polling_consumers_sendbacks_are_the_stream_consumers(
+    spark: SparkSession, settings: GroupConfig, delay_ms: int | None
+) -> None:
+    """The polling consumer computes its send-backs on the driver, the stream consumer
+    with Spark: the same failed rows give the same commitlog rows (retry, dead letter,
+    an earlier failure history, a forged engine property)."""
+    from datetime import UTC, datetime
+
+    now = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    earlier = json.dumps([{"group": "billing", "attempt": 0, "reason": "r0", "at": "x"}])
+    rows = [
+        ("orders", "M1", {"region": "eu", "RECONSUME_TIME": "9"}, 0),
+        ("retry_billing", "M2", {"RETRY_TOPIC": "orders", "RECONSUME_TIME": "1",
+                                 "ORIGIN_MESSAGE_ID": "M0", PROP_FAILURES: earlier}, 1),
+        ("retry_billing", "M3", {"RETRY_TOPIC": "orders", "RECONSUME_TIME": "3",
+                                 "ORIGIN_MESSAGE_ID": "M9", PROP_FAILURES: "not json"}, 3),
+    ]  # fmt: skip
+    born = datetime(2026, 11, 25, 11, 0, tzinfo=UTC)
+    frame = spark.createDataFrame(
+        [(t, m, "orders", ["k"], "TagA", p, b"body", born, "failed: " + m, delay_ms)
+         for t, m, p, _ in rows],
+        "table string, msg_id string, topic string, keys array<string>, tags string, "
+        "properties map<string,string>, body binary, born_ts timestamp, reason string, "
+        "delay_ms long",
+    )  # fmt: skip
+    frame = frame.withColumn("delivery_round", F.lit(1).cast("long")).withColumn(
+        "deliver_ts", F.lit(now).cast("timestamp")
+    )
+    by_spark = {
+        r["msg_id"]: (r["kind"], r["sendback"].asDict())
+        for r in sendback_rows(consumer_columns(frame), "billing", settings, now).collect()
+    }
+    for _, msg_id, props, times in rows:
+        real = "orders"
+        origin = props.get("ORIGIN_MESSAGE_ID", msg_id)
+        failed = {
+            "msg_id": msg_id, "keys": ["k"], "tags": "TagA", "properties": props,
+            "body": b"body", "born_ts": born, "real_topic": real, "reconsume_times": times,
+            "origin_msg_id": origin, "reason": "failed: " + msg_id, "delay_ms": delay_ms,
+        }  # fmt: skip
+        kind, back = sendback_record(failed, "billing", settings, now)
+        spark_kind, spark_back = by_spark[msg_id]
+        assert kind == spark_kind, msg_id
+        for name in ("born_ts", "store_ts", "deliver_at"):
+            value = spark_back[name]
+            spark_back[name] = None if value is None else value.astimezone(UTC)
+        spark_props = spark_back.pop("properties")
+        props_here = back.pop("properties")
+        assert json.loads(props_here.pop(PROP_FAILURES)) == json.loads(
+            spark_props.pop(PROP_FAILURES)
+        ), msg_id
+        assert props_here == spark_props, msg_id
+        assert back == spark_back, msg_id
 
 
 def test_spark_helper_sends_failures_down_the_same_path(
