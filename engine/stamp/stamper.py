@@ -199,10 +199,14 @@ class Stamper:
         """
         self.open()
         with self._lock:
-            return self._run_batch()
+            try:
+                return self._run_batch()
+            finally:
+                # Counted once done: a first look that replays a large batch and rebuilds
+                # the duplicate index after a restart takes seconds (the engine is warm after).
+                self.stats.looks += 1
 
     def _run_batch(self) -> BatchResult | None:
-        self.stats.looks += 1
         started = time.monotonic()
         plan = self._replay
         replayed = plan is not None
