@@ -242,7 +242,7 @@ class Consumer:
         """Take the positions another consumer of the group committed since (a file probe
         when nothing changed)."""
         if self._log.latest() != self._log.version:
-            seq = self._log.seq
+            seq = self.seq
             self.seq, unforwarded = self._restore()
             if self.seq != seq:  # another member committed: forward, should it have crashed
                 self._unforwarded = unforwarded
@@ -434,7 +434,7 @@ class Consumer:
                 dict(head, kind=kind, topic=m.table, delivery_round=m.delivery_round,
                      deliver_ts=m.deliver_ts, msg_id=m.msg_id, reason=reason, sendback=back)
             )  # fmt: skip
-        self._log.append(rows, seq, f"delayq {POLL} consumer {self.group} commit {seq}")
+        written = self._log.append(rows, seq, f"delayq {POLL} consumer {self.group} commit {seq}")
         self._check_committed(seq, commit_id)
         self.seq = seq
         for table, end in ends.items():
@@ -443,8 +443,17 @@ class Consumer:
             reader = self.tables[table].reader
             reader.forget_before(reader.files.version, end)
         self._batch, self._settled, self._delays = [], {}, {}
-        self._unforwarded, self._sendbacks = seq, sendbacks
-        return self._forward_pending()
+        # A commit this call did not write (a retried commit() whose append had landed) is
+        # forwarded as recorded.
+        self._unforwarded, self._sendbacks = seq, (sendbacks if written else None)
+        count = self._forward_pending()
+        if self._log.seq > seq:
+            # Other members committed after this one (the check read them): take their
+            # positions, and forward the latest, should its member have crashed (after this
+            # one's: a send-back's txn version only goes up).
+            self.seq, self._unforwarded = self._restore()
+            self._forward_pending()
+        return count
 
     def _failed(self, m: Received, reason: str) -> dict[str, Any]:
         """A failed message as :func:`~engine.consume.retry.sendback_record` takes it."""

@@ -124,12 +124,15 @@ class GroupLog:
         top = pc.max(rows["commit_seq"]).as_py()
         if top is not None:
             self.seq = max(self.seq, int(top))
+        sent: dict[int, int] = {}
         for r in rows.select(["commit_seq", "commit_id", "kind"]).drop_null().to_pylist():
             seq = int(r["commit_seq"])
             # The first commit of a number wins (files come in commit order), as Delta's
             # txn check makes it for writers that race through delta-rs.
             self._ids.setdefault(seq, str(r["commit_id"]))
-            self._sent[seq] = self._sent.get(seq, 0) + (r["kind"] in ("retry", "dead"))
+            sent[seq] = sent.get(seq, 0) + (r["kind"] in ("retry", "dead"))
+        for seq, count in sent.items():  # rows folded again (a compaction) count once
+            self._sent[seq] = max(self._sent.get(seq, 0), count)
         for old in sorted(self._ids)[:-KEPT_IDS]:
             del self._ids[old]
             self._sent.pop(old, None)

@@ -269,6 +269,50 @@ def test_bad_calls_fail_clearly(spark: SparkSession, cfg: EngineConfig, clock: F
         lag(spark, cfg, "nobody")
 
 
+def test_a_member_that_dies_before_forwarding_has_its_sendbacks_forwarded_by_another(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Member A commits a nack while member C is between its own append and the check that
+    reads it back, then dies before forwarding. C sees A's commit in that check: it takes
+    A's position and forwards A's send-back (before, C carried on from its own commit, and
+    a later forward of C's would have made A's look done)."""
+    engine = quiet_engine(spark, cfg, clock)
+    send_many(spark, cfg, [Message("orders", b) for b in ("x", "y", "z")], clock)
+    engine.step()
+    member_c = Consumer(spark, cfg, "billing", ["orders"], settings=FAST, clock=clock)
+    member_a = Consumer(spark, cfg, "billing", ["orders"], settings=FAST, clock=clock)
+    member_a.open()
+    (first,) = bodies(member_c.poll(max_messages=1, timeout=0))
+    member_c.ack()
+    failed: list[str] = []
+    original = GroupLog.append
+
+    def append_then_a_commits(log: GroupLog, *args: Any, **kwargs: Any) -> bool:
+        written = original(log, *args, **kwargs)
+        if log is member_c._log:  # C's append landed; A commits before C reads it back
+            with monkeypatch.context() as dying:
+                dying.setattr(GroupLog, "append", original)
+                (m,) = member_a.poll(max_messages=1, timeout=0)
+                assert m.body.decode() != first, "A reads from C's commit"
+                failed.append(m.body.decode())
+                member_a.nack(m, "A fails it")
+                dying.setattr(GroupLog, "forward", lambda *_a, **_k: 1 / 0)
+                with pytest.raises(ZeroDivisionError):
+                    member_a.commit()  # recorded, then A dies before forwarding
+        return written
+
+    monkeypatch.setattr(GroupLog, "append", append_then_a_commits)
+    member_c.commit()
+    monkeypatch.undo()
+    sent = retry_sendbacks(spark, cfg)
+    assert [r["body"].decode() for r in sent] == failed, "C forwarded A's send-back"
+    rest = {"x", "y", "z"} - {first, *failed}
+    assert set(bodies(member_c.poll(timeout=0))) == rest, "C read on from A's position"
+    member_c.ack()
+    member_c.commit()
+    assert len(retry_sendbacks(spark, cfg)) == 1
+
+
 @pytest.mark.parametrize(
     ("settings", "delay_ms"),
     [(FAST, None), (GroupConfig(max_reconsume_times=3), None), (FAST, 4500)],
