@@ -37,6 +37,7 @@ from engine.core.topics import check_topic
 from engine.deliver.commands import CANCEL, PENDING, REMOVING, RESCHEDULE
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import layout
+from engine.lakehouse.live_files import LiveFiles
 from engine.lakehouse.tables import ensure_tables
 from schemas import COMMANDS, column_names
 
@@ -200,7 +201,7 @@ def wait_for(
     command_id: str,
     action: str,
     wait_s: float,
-    poll_s: float = 0.5,
+    poll_s: float = 0.02,
 ) -> CommandResult:
     """Poll ``command_results`` until the command is decided or ``wait_s`` has passed."""
     return wait_for_many(spark, cfg, [command_id], action, wait_s, poll_s)[0]
@@ -212,21 +213,29 @@ def wait_for_many(
     command_ids: Sequence[str],
     action: str,
     wait_s: float,
-    poll_s: float = 0.2,
+    poll_s: float = 0.02,
     progress: Callable[[int, int], None] | None = None,
 ) -> list[CommandResult]:
     """Poll ``command_results`` until every command is decided or ``wait_s`` has passed.
 
-    ``progress(decided, total)`` is called after each look.
+    Every ``poll_s`` the table's next log file is probed (no read); the results are read
+    when it has a new version. ``progress(decided, total)`` is called after each read.
     """
     _check_wait(wait_s)
     deadline = time.monotonic() + wait_s
+    probe = LiveFiles(layout(cfg).command_results)
+    read = -2
     while True:
-        results = results_of(spark, cfg, command_ids, action)
-        decided = sum(r.status != PENDING for r in results)
-        if progress is not None:
-            progress(decided, len(results))
-        if decided == len(results) or time.monotonic() >= deadline:
+        version = probe.latest()
+        if version != read:
+            read = version
+            results = results_of(spark, cfg, command_ids, action)
+            decided = sum(r.status != PENDING for r in results)
+            if progress is not None:
+                progress(decided, len(results))
+            if decided == len(results):
+                return results
+        if time.monotonic() >= deadline:
             return results
         time.sleep(min(poll_s, max(deadline - time.monotonic(), 0.0)))
 
