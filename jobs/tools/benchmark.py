@@ -99,7 +99,7 @@ class BenchPlan:
     cli_runs: tuple[int, int] = (10, 1)
     aging: tuple[int, int] = (4, 45)  # segments x seconds, at fanout_rate on one engine
     #: ``members``: messages on one topic, handled by groups of each size (SimpleConsumer).
-    members: tuple[int, tuple[int, ...]] = (400, (1, 2, 4))
+    members: tuple[int, tuple[int, ...]] = (2_000, (1, 2, 4))
 
 
 QUICK = BenchPlan(
@@ -118,6 +118,7 @@ FULL = BenchPlan(
     kafka_eos_messages=500_000,
     cli_runs=(10, 10),
     aging=(5, 120),
+    members=(10_000, (1, 2, 4)),
 )
 #: A minute-long run of every workload on tiny numbers: checks the benchmark itself.
 SMOKE = BenchPlan(
