@@ -102,8 +102,8 @@ def test_three_members_share_three_topics_and_a_dead_members_messages_come_to_th
     without acknowledging it; two members in threads share the rest, and the dead member's
     messages come to them when their invisible time is over. The second member joins while
     the first is consuming (after the first's first batch), and the first leaves after its
-    second batch. The invisible time counts from the receiving commit, which takes seconds
-    (Spark jobs) on a busy machine: 20 s leaves room."""
+    second batch. The invisible time counts from the receiving commit; 20 s leaves room for
+    a busy machine's pauses."""
     ids = send_many(spark, cfg, [Message(f"t{i % 3}", f"m{i}") for i in range(60)])
     engine = Engine(spark, cfg, out=lambda _: None)
     engine.start()
