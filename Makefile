@@ -23,13 +23,14 @@ WITH_PEERS ?=
 
 KAFKA_HOME := .kafka
 CLUSTER_HOME := .cluster
+S3_HOME   := .s3
 
-.PHONY: help setup venv jars kafka-jars kafka-up kafka-down cluster-up cluster-down cluster-status ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports clean distclean
+.PHONY: help setup venv jars kafka-jars kafka-up kafka-down s3-jars s3-up s3-down s3-status cluster-up cluster-down cluster-status ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-setup: venv jars kafka-jars ## Install the Python environment and fetch the JVM jars
+setup: venv jars kafka-jars s3-jars ## Install the Python environment and fetch the JVM jars
 
 venv: $(VENV)/.installed ## Create .venv and install the package with its test extras
 
@@ -40,20 +41,27 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@
 
-jars: $(SPARK_PROPS) ## Resolve Delta's jars with Maven into .jars/ (spark.jars)
+jars: $(SPARK_PROPS) ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore
 
-$(SPARK_PROPS): build/pom.xml Makefile
+LOGSTORE_SRC := $(shell find build/logstore/src -name '*.java')
+
+$(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/logstore/pom.xml $(LOGSTORE_SRC) Makefile
 	@command -v java >/dev/null || { echo "error: java not found: install a JDK 17 (apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	@v=$$(java -version 2>&1 | awk -F'"' '/version/ {print $$2}' | cut -d. -f1); \
 	  [ "$${v:-0}" -ge 17 ] 2>/dev/null || { echo "error: Java $$v found, Spark 4 needs Java 17 or newer: install openjdk-17-jdk-headless"; exit 1; }
 	@command -v mvn >/dev/null || { echo "error: mvn not found: install Maven (apt-get install maven)"; exit 1; }
 	@rm -rf $(JARS) && mkdir -p $(JARS)
 	mvn -q -B -f build/pom.xml dependency:copy-dependencies -DexcludeTransitive=true -DoutputDirectory=$(abspath $(JARS))
+	mvn -q -B -f build/s3a/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(JARS))
+	mvn -q -B -f build/logstore/pom.xml package -DbuildDir=$(abspath $(JARS))/logstore-build
+	@cp $(JARS)/logstore-build/delayq-s3-logstore-*.jar $(JARS)/
 	@{ echo "# Written by 'make jars': pass to spark-submit with --properties-file"; \
 	   echo "spark.jars $$(ls $(abspath $(JARS))/*.jar | paste -sd, -)"; \
 	   echo "spark.sql.extensions io.delta.sql.DeltaSparkSessionExtension"; \
 	   echo "spark.sql.catalog.spark_catalog org.apache.spark.sql.delta.catalog.DeltaCatalog"; \
 	   echo "spark.sql.session.timeZone UTC"; \
+	   echo "# Delta's commits on s3a:// with S3's conditional PUT, safe with several writers (build/logstore)"; \
+	   echo "spark.delta.logStore.s3a.impl delayq.s3.ConditionalPutLogStore"; \
 	   echo "# Delta on the driver's own class path too: the SQL endpoint's JDBC sessions need it"; \
 	   echo "spark.driver.extraClassPath $$(ls $(abspath $(JARS))/*.jar | paste -sd: -)"; \
 	   echo "# Table names kept with the default lakehouse (sql.catalog = embedded): spark-sql and"; \
@@ -78,6 +86,23 @@ kafka-up: venv kafka-jars ## Start a local Kafka broker (KRaft) on 127.0.0.1:909
 
 kafka-down: venv ## Stop the local Kafka broker
 	$(BIN)/python -m jobs.tools.broker down --home $(KAFKA_HOME)
+
+s3-jars: $(S3_HOME)/lib/.resolved ## Resolve the local S3 server (S3Proxy) with Maven into .s3/lib/
+
+$(S3_HOME)/lib/.resolved: build/s3proxy/pom.xml
+	@command -v mvn >/dev/null || { echo "error: mvn not found: install Maven (apt-get install maven)"; exit 1; }
+	@rm -rf $(S3_HOME)/lib && mkdir -p $(S3_HOME)/lib
+	mvn -q -B -f build/s3proxy/pom.xml dependency:copy-dependencies -DexcludeTransitive=true -DoutputDirectory=$(abspath $(S3_HOME)/lib)
+	@touch $@
+
+s3-up: venv s3-jars ## Start a local S3 server (S3Proxy) on 127.0.0.1:9000 with bucket delayq, data in .s3/
+	$(BIN)/python -m jobs.tools.objectstore up --home $(S3_HOME) $(ARGS)
+
+s3-down: venv ## Stop the local S3 server
+	$(BIN)/python -m jobs.tools.objectstore down --home $(S3_HOME)
+
+s3-status: venv ## Show the local S3 server's address and buckets
+	$(BIN)/python -m jobs.tools.objectstore status --home $(S3_HOME)
 
 cluster-up: setup ## Start a local Spark standalone cluster: master spark://127.0.0.1:7077, 2 workers, in .cluster/
 	$(BIN)/python -m jobs.tools.cluster up --home $(CLUSTER_HOME) $(ARGS)
@@ -131,5 +156,5 @@ imports: venv ## The layout's import contracts (pyproject.toml [tool.importlinte
 clean: ## Remove the local lakehouse and test leftovers (keeps .venv and .jars)
 	rm -rf lakehouse spark-warehouse metastore_db derby.log .pytest_cache .mypy_cache .ruff_cache
 
-distclean: clean ## Also remove .venv, .jars, .kafka and .cluster (stop them first: make kafka-down cluster-down)
-	rm -rf $(VENV) $(JARS) $(KAFKA_HOME) $(CLUSTER_HOME)
+distclean: clean ## Also remove .venv, .jars, .kafka, .s3 and .cluster (stop them first: make kafka-down s3-down cluster-down)
+	rm -rf $(VENV) $(JARS) $(KAFKA_HOME) $(S3_HOME) $(CLUSTER_HOME)

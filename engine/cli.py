@@ -367,7 +367,7 @@ def show_topics(spark: Any, cfg: EngineConfig, limit: int) -> None:
     from engine.lakehouse.delta_log import list_topics
     from engine.lakehouse.layout import layout
 
-    for name in list_topics(spark, cfg):
+    for name in list_topics(cfg):
         df = spark.read.format("delta").load(layout(cfg).topic(name))
         print(f"\n== topic {cfg.database}.{name}: {df.count()} rows delivered")
         df.selectExpr(
@@ -545,6 +545,7 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq status``: counts per level from the tables and the checkpoint."""
     from engine.control.status import read_status
     from engine.core.clock import SystemClock
+    from engine.lakehouse.layout import layout
     from engine.lakehouse.lease import Lease, holder_line
     from engine.lakehouse.session import build_spark
     from engine.lakehouse.tables import ensure_tables
@@ -558,7 +559,7 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     print(f"quarantined {status.quarantined}")
     print(f"cancelled   {status.cancelled}")
     print(f"watermark   {status.watermark}")
-    lease = Lease(spark, cfg.lakehouse, SystemClock(), cfg.lease_timeout_ms)
+    lease = Lease(layout(cfg).root, SystemClock(), cfg.lease_timeout_ms)
     now_ms = int(SystemClock().now().timestamp() * 1000)
     print(f"engine      {holder_line(lease.holder(), now_ms)}")
     served = read_addresses(cfg)
@@ -656,7 +657,7 @@ def cmd_topics(args: argparse.Namespace, cfg: EngineConfig) -> int:
     from engine.lakehouse.session import build_spark
 
     spark = build_spark(cfg)
-    for name in list_topics(spark, cfg):
+    for name in list_topics(cfg):
         rows = spark.read.format("delta").load(layout(cfg).topic(name)).count()
         print(f"{cfg.database}.{name}\t{rows}")
     return 0

@@ -14,7 +14,9 @@ from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
 from engine.lakehouse.session import build_spark
 from engine.run.report import LOG_DIR_ENV
+from jobs.tools.objectstore import Server
 from tests.support.lakehouse import START, TEST_SPARK_CONF
+from tests.support.objectstore import s3_cfg, s3_server
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -66,3 +68,17 @@ def make_cfg(tmp_path: pytest.TempPathFactory) -> object:
 def cfg(make_cfg: object) -> EngineConfig:
     """A config on a fresh lakehouse with levels ``1s 2s 3s``."""
     return make_cfg()  # type: ignore[operator, no-any-return]
+
+
+@pytest.fixture(scope="module")
+def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    """A real S3 server (S3Proxy) for the module's tests."""
+    yield from s3_server(tmp_path_factory)
+
+
+@pytest.fixture(params=["local", "s3"])
+def any_cfg(request: pytest.FixtureRequest, make_cfg: object, s3: Server) -> EngineConfig:
+    """A fresh lakehouse (levels ``1s 2s 3s``) in a local folder, then in an S3 bucket."""
+    if request.param == "local":
+        return make_cfg()  # type: ignore[operator, no-any-return]
+    return s3_cfg(make_cfg, s3)

@@ -218,7 +218,7 @@ class Consumer:
         path = layout(self.cfg).topic(name)
         reader = TopicReader(path)
         filtered = filtered and self.filter is not None
-        return _Table(name, VersionTracker(self.spark, path), reader, filtered=filtered)
+        return _Table(name, VersionTracker(path), reader, filtered=filtered)
 
     # ---------------------------------------------------------------- state
 

@@ -46,7 +46,7 @@ def _in_group(group: str) -> Column:
 def groups(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     """Names of the consumer groups that committed at least once."""
     lay = layout(cfg)
-    if not table_exists(spark, lay.consumer_log):
+    if not table_exists(lay.consumer_log):
         return []
     log = spark.read.format("delta").load(lay.consumer_log)
     return sorted(r[0] for r in log.select("group_name").distinct().collect())
@@ -76,7 +76,7 @@ def members(
         ConsumerError: when ``group`` names a group that never committed.
     """
     path = layout(cfg).consumer_log
-    if not table_exists(spark, path):
+    if not table_exists(path):
         if group is not None:
             raise ConsumerError(f"unknown consumer group {group!r}: {groups_hint(spark, cfg)}")
         return spark.createDataFrame([], MEMBERS_SCHEMA)

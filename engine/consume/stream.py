@@ -95,7 +95,7 @@ def consume_stream(
     def run_batch(batch: DataFrame, batch_id: int) -> None:
         # Batch ids start again in a new checkpoint: commits are named after its query id.
         if not mode:
-            mode.append(f"{STREAM}-{stream_query_id(spark, checkpoint)}")
+            mode.append(f"{STREAM}-{stream_query_id(checkpoint)}")
         _stream_batch(
             spark, cfg, group, chosen, handler, batch, (mode[0], log_id), batch_id, clock.now(),
             keep,

@@ -27,7 +27,7 @@ def known_topics(spark: SparkSession, cfg: EngineConfig, topics: Sequence[str]) 
     """
     if not topics:
         raise ConsumerError("subscribe to at least one topic")
-    tables = set(list_topics(spark, cfg))
+    tables = set(list_topics(cfg))
     checked = []
     for topic in topics:
         try:
@@ -46,7 +46,7 @@ def known_topics(spark: SparkSession, cfg: EngineConfig, topics: Sequence[str]) 
 
 def _ever_sent(spark: SparkSession, cfg: EngineConfig, name: str) -> bool:
     path = layout(cfg).commitlog
-    if not table_exists(spark, path):
+    if not table_exists(path):
         return False
     sent = spark.read.format("delta").load(path).where(F.lower("topic") == name)
     return not sent.limit(1).isEmpty()

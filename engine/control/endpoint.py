@@ -40,11 +40,14 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine.core.config import EngineConfig
+from engine.lakehouse.fs import delete_file, read_text, write_text
+from engine.lakehouse.layout import layout
+from engine.lakehouse.store import local_path
 
 log = logging.getLogger(__name__)
 
 #: Where a running engine says how to reach it, under the lakehouse.
-ENDPOINT_FILE = Path("_engine") / "control.json"
+ENDPOINT_FILE = "control.json"
 #: Largest request accepted (``send --file`` carries the file).
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 #: Commands carried out at the same time; more wait their turn (the engine's rounds come
@@ -75,20 +78,20 @@ class EndpointInfo:
         return f"{self.host} pid {self.pid} since {self.since}"
 
 
-def endpoint_file(cfg: EngineConfig) -> Path:
+def endpoint_file(cfg: EngineConfig) -> str:
     """``<lakehouse>/_engine/control.json``.
 
     Example:
         >>> endpoint_file(EngineConfig(lakehouse="/lake"))
-        PosixPath('/lake/_engine/control.json')
+        '/lake/_engine/control.json'
     """
-    return Path(cfg.lakehouse_path) / ENDPOINT_FILE
+    return layout(cfg).engine_file(ENDPOINT_FILE)
 
 
 def read_endpoint(cfg: EngineConfig) -> EndpointInfo | None:
     """The endpoint a running engine wrote for this lakehouse, if any (it may be stale)."""
     try:
-        data = json.loads(endpoint_file(cfg).read_text(encoding="utf-8"))
+        data = json.loads(read_text(endpoint_file(cfg)) or "")
         return EndpointInfo(**{k: data[k] for k in EndpointInfo.__dataclass_fields__})
     except (OSError, ValueError, KeyError, TypeError):
         return None
@@ -246,7 +249,7 @@ class ControlServer:
             self._warming.join(STOP_WAIT_S)
         current = read_endpoint(self.cfg)
         if current is not None and current.token == self.token:
-            endpoint_file(self.cfg).unlink(missing_ok=True)
+            delete_file(endpoint_file(self.cfg))
         if self._server is not None:
             self._server.shutdown()
             self._server.server_close()
@@ -273,8 +276,14 @@ class ControlServer:
             )
 
 
-def _write_private(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` readable by its owner only, replacing it in one step."""
+def _write_private(location: str, text: str) -> None:
+    """Write ``text`` to ``location`` replacing it in one step; on a local disk readable by
+    its owner only (in a bucket, by who may read the bucket)."""
+    local = local_path(location)
+    if local is None:
+        write_text(location, text)
+        return
+    path = Path(local)
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     temporary.unlink(missing_ok=True)  # never write through a file someone else made

@@ -119,7 +119,7 @@ def history(
     topics = {
         r["topic"].lower() for r in parts[0].select("topic").distinct().collect() if r["topic"]
     }
-    for name in sorted(topics & set(list_topics(spark, cfg))):
+    for name in sorted(topics & set(list_topics(cfg))):
         detail = F.concat(F.lit(f"{cfg.database}.{name}, round "), F.col("delivery_round"))
         delivered = events(lay.topic(name), F.lit("delivered"), "delivered_ts", detail, F.lit(1e9))
         parts.append(delivered)

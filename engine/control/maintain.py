@@ -130,8 +130,8 @@ def tables_to_maintain(spark: SparkSession, cfg: EngineConfig) -> list[tuple[str
         ("command_results", lay.command_results, None),
         ("consumer_log", lay.consumer_log, None),
     ]
-    topics = [(f"topics/{t}", lay.topic(t), ORDER_BY["topic"]) for t in list_topics(spark, cfg)]
-    return [(n, p, c) for n, p, c in fixed + topics if table_exists(spark, p)]
+    topics = [(f"topics/{t}", lay.topic(t), ORDER_BY["topic"]) for t in list_topics(cfg)]
+    return [(n, p, c) for n, p, c in fixed + topics if table_exists(p)]
 
 
 def maintain(
@@ -249,7 +249,7 @@ def prune_schedule(spark: SparkSession, cfg: EngineConfig, now: datetime) -> str
 def _stamping_behind(spark: SparkSession, cfg: EngineConfig, cutoff: datetime) -> str | None:
     """Why stamping may not have stamped every ``commitlog`` row sent before ``cutoff``."""
     lay = layout(cfg)
-    last, rows, _ = OffsetLog(spark, lay.checkpoint("stamp") + "/batches").latest()
+    last, rows, _ = OffsetLog(lay.checkpoint("stamp") + "/batches").latest()
     if last is None or not rows:
         return _NOT_STAMPED
     plan = StampPlan.from_row(rows[0])
@@ -293,9 +293,9 @@ def vacuum_blocker(
             "versions: --vacuum-topics once none is stopped for longer than the retention"
         )
     if name == "commitlog":
-        last, rows, _ = OffsetLog(spark, lay.checkpoint("stamp") + "/batches").latest()
+        last, rows, _ = OffsetLog(lay.checkpoint("stamp") + "/batches").latest()
         if last is None or not rows:
-            return None if latest_version(spark, lay.commitlog) < 0 else _NOT_STAMPED
+            return None if latest_version(lay.commitlog) < 0 else _NOT_STAMPED
         needed = StampPlan.from_row(rows[0]).start.version
         committed = _commit_time(spark, lay.commitlog, needed)
         if committed is not None and committed < cutoff:

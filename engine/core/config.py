@@ -40,6 +40,7 @@ MIN_PROPERTY_NAME = 32
 _IDENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
 #: A URI scheme (two characters or more, so that a Windows drive letter is a path).
 _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
+_BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
 def _positive_int(key: str, value: object) -> int:
@@ -94,25 +95,41 @@ def _text(key: str, value: object) -> str:
     return text
 
 
-def _local_path(key: str, value: object) -> str:
-    """A local folder; ``file:`` URIs (no host, or ``localhost``) become their path."""
+def _lakehouse(key: str, value: object) -> str:
+    """A local folder (``file:`` URIs, with no host or ``localhost``, become their path) or
+    an S3 location, as ``s3a://bucket/prefix`` (``s3://`` is taken too)."""
     text = _text(key, value)
     scheme = _SCHEME.match(text)
     if scheme is None:
         return text
     rest = text[scheme.end() :]
-    if scheme.group(1).lower() == "file":
+    kind = scheme.group(1).lower()
+    if kind == "file":
         if not rest.startswith("//"):
             return rest  # file:/lake
         host, slash, path = rest[2:].partition("/")
         if host in ("", "localhost") and slash:
             return "/" + path  # file:///lake, file://localhost/lake
+    if kind in ("s3a", "s3") and rest.startswith("//"):
+        bucket, _, prefix = rest[2:].partition("/")
+        if _BUCKET.match(bucket) and ".." not in prefix:
+            prefix = prefix.strip("/")
+            return f"s3a://{bucket}/{prefix}" if prefix else f"s3a://{bucket}"
+        raise ConfigError(key, value, "expected s3a://<bucket>/<prefix> with a valid bucket name")
     raise ConfigError(
         key,
         value,
-        "must be a local folder or a file:/// URI for now: object stores and HDFS need a "
-        "commit protocol shared by the engine's driver-side commits and Spark's",
+        "must be a local folder, a file:/// URI or an S3 location (s3a://bucket/prefix): "
+        "the engine commits with put-if-absent, which these stores give",
     )
+
+
+def _endpoint(key: str, value: object) -> str:
+    """An S3 endpoint URL, or empty (AWS's own, or ``AWS_ENDPOINT_URL``)."""
+    text = str(value).strip().rstrip("/")
+    if text and not re.match(r"^https?://[^/\s]+$", text):
+        raise ConfigError(key, value, "expected http(s)://host[:port], or empty")
+    return text
 
 
 def _identifier(key: str, value: object) -> str:
@@ -234,7 +251,12 @@ def _names(key: str, value: object) -> tuple[str, ...]:
 
 # key -> (attribute, parser). The defaults live on the dataclass fields below.
 _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
-    "lakehouse.path": ("lakehouse", _local_path),
+    "lakehouse.path": ("lakehouse", _lakehouse),
+    "storage.s3.endpoint": ("s3_endpoint", _endpoint),
+    "storage.s3.region": ("s3_region", lambda _k, v: str(v).strip()),
+    "storage.s3.access_key": ("s3_access_key", lambda _k, v: str(v).strip()),
+    "storage.s3.secret_key": ("s3_secret_key", lambda _k, v: str(v).strip()),
+    "storage.s3.path_style": ("s3_path_style", _bool),
     "lakehouse.database": ("database", _identifier),
     "levels.delays": ("levels", lambda k, v: parse_levels(str(v), k)),
     "messages.max_body_bytes": ("max_body_bytes", _positive_int),
@@ -287,7 +309,15 @@ class EngineConfig:
 
     Attributes:
         lakehouse: root folder (or URI) of the lakehouse; relative paths resolve against
-            the current directory.
+            the current directory; ``s3a://bucket/prefix`` puts it in an S3 bucket.
+        s3_endpoint: the S3 service's URL (``storage.s3.endpoint``; empty: AWS's own, or
+            ``AWS_ENDPOINT_URL``).
+        s3_region: the bucket's region (empty: ``AWS_REGION``, else ``us-east-1``).
+        s3_access_key: S3 access key id (empty: ``AWS_ACCESS_KEY_ID``, or the AWS
+            credential chain).
+        s3_secret_key: S3 secret key (empty: ``AWS_SECRET_ACCESS_KEY``).
+        s3_path_style: buckets addressed in the URL path, as S3Proxy and most
+            S3-compatible servers want (``storage.s3.path_style``).
         database: SQL database the topic tables are registered in.
         levels: the delay level table.
         max_body_bytes: largest accepted message body (RocketMQ's default is 4 MiB).
@@ -361,6 +391,11 @@ class EngineConfig:
     """
 
     lakehouse: str = "lakehouse"
+    s3_endpoint: str = ""
+    s3_region: str = ""
+    s3_access_key: str = ""
+    s3_secret_key: str = field(default="", repr=False)
+    s3_path_style: bool = True
     database: str = "delayq"
     levels: LevelTable = field(default_factory=lambda: parse_levels(DEFAULT_LEVELS))
     max_body_bytes: int = 4 * 1024 * 1024
@@ -412,7 +447,16 @@ class EngineConfig:
     maintenance_interval_ms: int = 0
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "lakehouse", _local_path("lakehouse.path", self.lakehouse))
+        object.__setattr__(self, "lakehouse", _lakehouse("lakehouse.path", self.lakehouse))
+        object.__setattr__(self, "s3_endpoint", _endpoint("storage.s3.endpoint", self.s3_endpoint))
+        if self.on_object_store and self.sql_catalog == "embedded":
+            raise ConfigError(
+                "sql.catalog",
+                self.sql_catalog,
+                f"the embedded metastore (Derby) needs a local lakehouse, not "
+                f"{self.lakehouse}: set sql.catalog=memory (names per session) or "
+                "sql.catalog=spark (your Spark's own, shared metastore)",
+            )
         if not isinstance(self.spark_conf, MappingProxyType):
             object.__setattr__(self, "spark_conf", MappingProxyType(dict(self.spark_conf)))
         for name in ("groups", "kafka_topic_map", "kafka_sinks"):
@@ -541,8 +585,25 @@ class EngineConfig:
         return EngineConfig(**current)
 
     @property
+    def on_object_store(self) -> bool:
+        """Whether the lakehouse is in an object store (S3) rather than a local folder.
+
+        Example:
+            >>> EngineConfig(lakehouse="s3a://delayq/lh", sql_catalog="memory").on_object_store
+            True
+        """
+        return self.lakehouse.startswith("s3a://")
+
+    @property
     def lakehouse_path(self) -> str:
-        """The lakehouse root as an absolute local path."""
+        """The lakehouse root: an absolute local path, or the object store URI.
+
+        Example:
+            >>> EngineConfig(lakehouse="s3a://delayq/lh/", sql_catalog="memory").lakehouse_path
+            's3a://delayq/lh'
+        """
+        if self.on_object_store:
+            return self.lakehouse
         return str(Path(self.lakehouse).expanduser().resolve())
 
 

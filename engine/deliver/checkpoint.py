@@ -93,7 +93,7 @@ def _ts(value: object) -> datetime | None:
 
 def read_checkpoint(spark: SparkSession, layout: Layout) -> tuple[Progress, Plan | None]:
     """Load the committed progress and a pending plan (if a round was interrupted)."""
-    last, rows, plan_rows = OffsetLog(spark, layout.delay_offset).latest()
+    last, rows, plan_rows = OffsetLog(layout.delay_offset).latest()
     checkpoint_id = (rows or plan_rows or [{}])[0].get("checkpoint_id") or uuid.uuid4().hex
     progress = Progress(checkpoint_id=checkpoint_id)
     if last is not None and rows:

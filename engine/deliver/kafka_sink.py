@@ -29,8 +29,8 @@ from pyspark.sql import SparkSession
 from engine.core.arrow_lists import entry_rows, grouped, take_or_null
 from engine.core.config import EngineConfig
 from engine.core.kafka_headers import HEADER_DELIVER_TS, HEADER_MSG_ID, HEADER_TAGS
-from engine.lakehouse.fs import hadoop_path, jvm
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.storage import store_for
 
 #: Bounds on how long one write may block on an unreachable broker (Kafka's defaults are
 #: 60 s and 120 s); the round then fails and is retried with back-off.
@@ -134,8 +134,8 @@ class KafkaTopicSink:
 
     def written(self, round_: int, table: str) -> bool:
         """Whether round ``round_`` finished its write to Kafka topic ``table``."""
-        path, fs = hadoop_path(self.spark, f"{self.markers}/{round_:020d}-{table}")
-        return bool(fs.exists(path))
+        location = f"{self.markers}/{round_:020d}-{table}"
+        return store_for(location).exists(location)
 
     def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         """Write a round's rows of one topic to Kafka, then mark the write done.
@@ -153,13 +153,12 @@ class KafkaTopicSink:
         for key, value in settings.items():
             writer = writer.option(key, value)
         writer.save()
-        folder, fs = hadoop_path(self.spark, self.markers)
+        store = store_for(self.markers)
         name = f"{round_:020d}-{table}"
-        fs.create(jvm(self.spark).org.apache.hadoop.fs.Path(folder, name), True).close()
-        for status in fs.listStatus(folder):
-            old = status.getPath().getName()
+        store.write(f"{self.markers}/{name}", b"")
+        for old in store.names(self.markers):
             if old.endswith(f"-{table}") and old < name:
-                fs.delete(status.getPath(), False)
+                store.delete(f"{self.markers}/{old}")
 
 
 #: The compacted Kafka topic where a transactional sink records, in each round's own

@@ -65,7 +65,7 @@ def check_checkpoints(
     # Empty topic tables (made by a streaming consumer before any delivery) are fine.
     delivered = [
         name
-        for name in (list_topics(spark, cfg) if fresh else [])
+        for name in (list_topics(cfg) if fresh else [])
         if not spark.read.format("delta").load(layout.topic(name)).isEmpty()
     ]
     if delivered:
@@ -108,7 +108,7 @@ def correct_deliver_timestamps(
     # Rows at or below the committed watermark may be delivered already: never move them.
     too_late = too_late & (F.col("deliver_ts") > F.lit(floor))
     table = DeltaTable.forPath(spark, layout.schedule)
-    before = latest_version(spark, layout.schedule)
+    before = latest_version(layout.schedule)
     for attempt in range(1, WRITE_ATTEMPTS + 1):
         try:
             table.update(condition=too_late, set={"deliver_ts": F.lit(due_at)})

@@ -167,7 +167,7 @@ class Delivery:
         self.clock = clock
         self._sink_factory = sinks
         self._sinks: dict[str, SinkSet] = {}
-        self.offsets = OffsetLog(spark, layout.delay_offset)
+        self.offsets = OffsetLog(layout.delay_offset)
         self.progress = Progress(checkpoint_id="")
         self.pending: Plan | None = None
         self._last_commit = time.monotonic()
@@ -179,7 +179,7 @@ class Delivery:
         self._retired = Window(from_millis(0), from_millis(0), -1)
         self._results = ArrowDelta(layout.command_results)
         self._tables = CommandTables.of(layout, self._results)
-        self._commands = VersionTracker(spark, layout.commands)
+        self._commands = VersionTracker(layout.commands)
         self._open_commands = True  # unknown until the first round looks
         self._no_commands_until = -1  # the commands table held none up to this version
         self._sent_ids: set[str] = set()  # commands' ids known to be in commitlog

@@ -39,8 +39,10 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from engine.lakehouse.checkpoints import CHECKPOINT_INTERVAL, CHECKPOINTS
-from engine.lakehouse.delta_log import Txn, delta_uri
+from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.log_append import LogAppender, conform
+from engine.lakehouse.storage import store_for
+from engine.lakehouse.store import Store, local_path
 
 log = logging.getLogger(__name__)
 
@@ -61,20 +63,24 @@ def columns(path: str) -> list[str]:
         >>> columns("/lake/commands")  # doctest: +SKIP
         ['cmd_id', 'action', 'msg_id', ...]
     """
-    return [f.name for f in DeltaTable(delta_uri(path)).schema().fields]
+    return [f.name for f in store_for(path).delta_table(path).schema().fields]
 
 
 def data_file(table: str, path: str) -> str:
-    """The local path of a data file named in a Delta log entry of ``table`` (the entry's
-    ``path`` is URL-encoded, relative to the table or an absolute URI).
+    """The location of a data file named in a Delta log entry of ``table`` (the entry's
+    ``path`` is URL-encoded, relative to the table or an absolute URI): a local path, or an
+    object store URI.
 
     Example:
         >>> data_file("/lake/schedule", "queue_id=1/part-0%3A1.parquet")
         '/lake/schedule/queue_id=1/part-0:1.parquet'
+        >>> data_file("s3a://b/lake/schedule", "part-0.parquet")
+        's3a://b/lake/schedule/part-0.parquet'
     """
     if "://" in path or path.startswith("file:"):
-        return delta_uri(unquote(path))
-    return f"{delta_uri(table)}/{unquote(path)}"
+        location = unquote(path)
+        return local_path(location) or location
+    return f"{local_path(table) or table.rstrip('/')}/{unquote(path)}"
 
 
 def create_table(path: str, schema: pa.Schema) -> bool:
@@ -88,11 +94,12 @@ def create_table(path: str, schema: pa.Schema) -> bool:
         >>> create_table("/lake/topics/orders", schema)  # doctest: +SKIP
         True
     """
-    uri = delta_uri(path)
-    if DeltaTable.is_deltatable(uri):
+    store = store_for(path)
+    uri = store.delta_uri(path)
+    if DeltaTable.is_deltatable(uri, storage_options=store.delta_options):
         return False
     try:
-        DeltaTable.create(uri, schema=schema, mode="ignore")
+        DeltaTable.create(uri, schema=schema, mode="ignore", storage_options=store.delta_options)
     except CommitFailedError:
         return False  # another process committed version 0 first
     return True
@@ -109,15 +116,22 @@ class ArrowDelta:
 
     def __init__(self, path: str) -> None:
         self.path = path
-        self.uri = delta_uri(path)
+        self._store: Store | None = None
         self._table: DeltaTable | None = None
         self._appender = LogAppender(path)
         self._lock = threading.Lock()
 
+    @property
+    def store(self) -> Store:
+        """The store holding the table, looked up on first use."""
+        if self._store is None:
+            self._store = store_for(self.path)
+        return self._store
+
     def _latest_table(self) -> DeltaTable | None:
         if self._table is None:
             try:
-                self._table = DeltaTable(self.uri)
+                self._table = self.store.delta_table(self.path)
             except TableNotFoundError:
                 return None
         else:
@@ -160,7 +174,7 @@ class ArrowDelta:
         with self._lock:
             if self._table is not None and self._table.version() == version:
                 return self._table.to_pyarrow_dataset(parquet_read_options=READ_OPTIONS)
-        pinned = DeltaTable(self.uri, version=version)
+        pinned = self.store.delta_table(self.path, version)
         return pinned.to_pyarrow_dataset(parquet_read_options=READ_OPTIONS)
 
     def append(
@@ -191,7 +205,7 @@ class ArrowDelta:
             else:
                 version = self._append_delta_rs(rows, txn, metadata, file_rows)
         if version % CHECKPOINT_INTERVAL == 0:
-            CHECKPOINTS.request(self.uri)
+            CHECKPOINTS.request(self.path)
 
     def _append_delta_rs(
         self, rows: pa.Table, txn: Txn | None, metadata: str | None, file_rows: int
@@ -279,9 +293,12 @@ class ArrowDelta:
             # A file whose statistic is null holds only nulls there, or has no statistics.
             actions = actions.filter(pc.is_null(actions[stat]))
         if actions.num_rows:  # files to read
-            paths = [data_file(self.path, p) for p in actions["path"].to_pylist()]
+            paths = [
+                self.store.arrow_path(data_file(self.path, p)) for p in actions["path"].to_pylist()
+            ]
             fmt = ds.ParquetFileFormat(read_options=READ_OPTIONS)
-            found = pc.max(ds.dataset(paths, format=fmt).to_table(columns=[column])[column])
+            rows = ds.dataset(paths, format=fmt, filesystem=self.store.filesystem)
+            found = pc.max(rows.to_table(columns=[column])[column])
             best = max(best, -1 if found.as_py() is None else int(found.as_py()))
         return best
 
@@ -310,4 +327,4 @@ def _file_size(rows: pa.Table, file_rows: int) -> int | None:
     return max(1, buffer.tell() * file_rows // int(sample.num_rows))
 
 
-__all__ = ["ArrowDelta", "create_table", "data_file", "delta_uri"]
+__all__ = ["ArrowDelta", "create_table", "data_file"]

@@ -23,7 +23,6 @@ import functools
 import logging
 import threading
 from collections.abc import Callable, Iterable
-from pathlib import Path
 from typing import Any, TypeVar, cast
 
 from delta.tables import DeltaTable
@@ -87,7 +86,7 @@ def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str)
             spark.sql(f"DROP VIEW `{database}`.`{name}`")
         elif location is not None and _same_place(location, path):
             return
-        elif kind == "EXTERNAL" and location is not None and not Path(location).exists():
+        elif kind == "EXTERNAL" and location is not None and not table_exists(location):
             spark.sql(f"DROP TABLE `{database}`.`{name}`")  # the entry only: it is external
         else:
             where = f" at {location}" if location else ""
@@ -149,9 +148,9 @@ def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
     """Topic table name -> path, for the tables some consumer group has committed a
     position in (``None`` when no group ever committed)."""
     lay = layout(cfg)
-    if not table_exists(spark, lay.consumer_log):
+    if not table_exists(lay.consumer_log):
         return None
-    present = set(list_topics(spark, cfg))
+    present = set(list_topics(cfg))
     log = spark.read.format("delta").load(lay.consumer_log)
     names = [
         r[0] for r in log.where(F.col("kind") == "offset").select("topic").distinct().collect()
@@ -197,9 +196,9 @@ def _register_all(spark: SparkSession, cfg: EngineConfig) -> list[str]:
     current = set(ENGINE_TABLES) <= set(present) and set(column_names(SCHEDULE)) <= set(
         spark.read.format("delta").load(lay.schedule).columns
     )
-    if list_files(spark, lay.delay_offset, ".json"):
+    if list_files(lay.delay_offset, ".json"):
         register_views(spark, cfg, pending=current)
-    topics = list_topics(spark, cfg)
+    topics = list_topics(cfg)
     for name in topics:
         register_table(spark, cfg, name, lay.topic(name))
     if current:
@@ -243,7 +242,7 @@ class Catalog:
         for name in new:
             self._try(register_table, name, layout(self.cfg).topic(name))
         if new:
-            self._try(register_history_view, list_topics(self.spark, self.cfg))
+            self._try(register_history_view, list_topics(self.cfg))
         if committed and "delay_offset" not in self._known:
             self._known.add("delay_offset")
             self._try(register_views)

@@ -21,7 +21,7 @@ import logging
 import threading
 import time
 
-from deltalake import DeltaTable
+from engine.lakehouse.storage import store_for
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +44,8 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
 
     def request(self, uri: str) -> None:
-        """Ask for a checkpoint of the table at ``uri`` at its latest version."""
+        """Ask for a checkpoint of the table at ``uri`` (a lakehouse location) at its latest
+        version."""
         with self._cond:
             if self._stopping:
                 return
@@ -88,7 +89,7 @@ class Checkpointer:
                 del self._waiting[uri]
                 self._busy = True
             try:
-                table = DeltaTable(uri)
+                table = store_for(uri).delta_table(uri)
                 table.create_checkpoint()
                 table.cleanup_metadata()  # log files past delta.logRetentionDuration
             except Exception as err:  # the commits stand; a later request checkpoints again

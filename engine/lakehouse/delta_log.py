@@ -9,7 +9,7 @@ PySpark raises once that module is imported), never by the message text.
 
 Example:
     >>> append(df, "/lake/command_results", txn=Txn("delayq-commands-9f", 42))  # doctest: +SKIP
-    >>> VersionTracker(spark, "/lake/schedule").latest()  # doctest: +SKIP
+    >>> VersionTracker("/lake/schedule").latest()  # doctest: +SKIP
     17
 """
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Any
 
 from delta.exceptions import (
     ConcurrentAppendException,
@@ -27,13 +26,12 @@ from delta.exceptions import (
     MetadataChangedException,
     ProtocolChangedException,
 )
-from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.fs import hadoop_path, jvm
 from engine.lakehouse.layout import layout
+from engine.lakehouse.storage import store_for
 
 
 def is_txn_race(err: BaseException) -> bool:
@@ -109,44 +107,34 @@ def append(
             time.sleep(0.2 * attempt)
 
 
-def table_exists(spark: SparkSession, path: str) -> bool:
+def table_exists(path: str) -> bool:
     """Whether a Delta table has been made at ``path``: its log holds a commit or a
     checkpoint (a file probe, no read). The log folder alone is not enough: another process
     creating the table makes it a moment before its first commit.
-    """
-    log, fs = hadoop_path(spark, f"{path}/_delta_log")
-    if not fs.exists(log):
-        return False
-    hadoop = jvm(spark).org.apache.hadoop.fs.Path
-    if fs.exists(hadoop(log, "_last_checkpoint")):
-        return True  # without listing a long log
-    return bool(fs.globStatus(hadoop(log, "*.json")))
-
-
-def latest_version(spark: SparkSession, path: str) -> int:
-    """The latest committed version of a Delta table, -1 when there is none (delta-rs reads
-    the log in milliseconds; Spark's ``history`` took seconds in a fresh JVM)."""
-    try:
-        return int(DeltaTable(delta_uri(path)).version())
-    except TableNotFoundError:
-        return -1
-
-
-def delta_uri(path: str) -> str:
-    """The delta-rs address of a local lakehouse path (``file:`` prefixes dropped).
-
-    ``lakehouse.path`` is local (the configuration refuses other schemes): on an object store
-    delta-rs's commits and Spark's would not share a commit protocol.
 
     Example:
-        >>> delta_uri("file:///lake/schedule"), delta_uri("/lake/schedule")
-        ('/lake/schedule', '/lake/schedule')
+        >>> table_exists("/nowhere/at/all")
+        False
     """
-    if path.startswith("file://"):
-        return path[len("file://") :]
-    if path.startswith("file:"):
-        return path[len("file:") :]
-    return path
+    store = store_for(path)
+    log = f"{path.rstrip('/')}/_delta_log"
+    if store.exists(f"{log}/_last_checkpoint") or store.exists(f"{log}/{0:020d}.json"):
+        return True  # without listing a long log
+    return any(name.endswith(".json") for name in store.names(log))
+
+
+def latest_version(path: str) -> int:
+    """The latest committed version of a Delta table, -1 when there is none (delta-rs reads
+    the log in milliseconds; Spark's ``history`` took seconds in a fresh JVM).
+
+    Example:
+        >>> latest_version("/nowhere/at/all")
+        -1
+    """
+    try:
+        return int(store_for(path).delta_table(path).version())
+    except TableNotFoundError:
+        return -1
 
 
 def table_id(spark: SparkSession, path: str) -> str:
@@ -164,44 +152,36 @@ class VersionTracker:
     ``-1`` means the table does not exist yet.
 
     Example:
-        >>> tracker = VersionTracker(spark, "/lake/topics/orders")  # doctest: +SKIP
+        >>> tracker = VersionTracker("/lake/topics/orders")  # doctest: +SKIP
         >>> tracker.latest()  # doctest: +SKIP
         3
     """
 
-    def __init__(self, spark: SparkSession, path: str) -> None:
-        self._spark = spark
-        self.path = path
+    def __init__(self, path: str) -> None:
+        self.path = path.rstrip("/")
         self.version = -1  # not asked yet, or the table does not exist yet
-        self._probe: tuple[Any, Any, Any] | None = None
 
     def latest(self) -> int:
         """The latest version now (-1 while the table does not exist)."""
-        if self._probe is None:
-            log, fs = hadoop_path(self._spark, f"{self.path}/_delta_log")
-            self._probe = (log, fs, jvm(self._spark).org.apache.hadoop.fs.Path)
-        log, fs, hadoop = self._probe
         if self.version < 0:
-            if not table_exists(self._spark, self.path):  # not even its first commit yet
+            if not table_exists(self.path):  # not even its first commit yet
                 return -1
-            self.version = latest_version(self._spark, self.path)
-        while fs.exists(hadoop(log, f"{self.version + 1:020d}.json")):
+            self.version = latest_version(self.path)
+        store = store_for(self.path)
+        while store.exists(f"{self.path}/_delta_log/{self.version + 1:020d}.json"):
             self.version += 1
         return self.version
 
 
-def list_topics(spark: SparkSession, cfg: EngineConfig) -> list[str]:
+def list_topics(cfg: EngineConfig) -> list[str]:
     """Names of the topic tables in the lakehouse (lower case, sorted).
 
     A table counts once its first commit is in its log (its folder appears a moment before).
+
+    Example:
+        >>> list_topics(cfg)  # doctest: +SKIP
+        ['notifications', 'orders']
     """
-    path, fs = hadoop_path(spark, layout(cfg).topics)
-    if not fs.exists(path):
-        return []
-    hadoop = jvm(spark).org.apache.hadoop.fs.Path
-    names = []
-    for status in fs.listStatus(path):
-        commits = hadoop(status.getPath(), "_delta_log/*.json")
-        if status.isDirectory() and fs.globStatus(commits):
-            names.append(status.getPath().getName())
-    return sorted(names)
+    folder = layout(cfg).topics
+    store = store_for(folder)
+    return [name for name in store.folders(folder) if table_exists(f"{folder}/{name}")]

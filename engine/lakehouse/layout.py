@@ -23,6 +23,8 @@ from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
 from engine.core.topics import topic_table_name
+from engine.lakehouse.storage import register
+from engine.lakehouse.store import S3Settings
 
 
 @dataclass(frozen=True)
@@ -75,6 +77,10 @@ class Layout:
         """Path of one topic's table."""
         return f"{self.topics}/{topic_table_name(topic)}"
 
+    def engine_file(self, name: str) -> str:
+        """Path of a file the running engine keeps in ``_engine/`` (its lease, addresses)."""
+        return f"{self.root}/_engine/{name}"
+
     def checkpoint(self, query: str) -> str:
         """Spark checkpoint folder of a streaming query."""
         return f"{self.root}/_checkpoints/{query}"
@@ -85,5 +91,20 @@ class Layout:
 
 
 def layout(cfg: EngineConfig) -> Layout:
-    """The layout of the lakehouse ``cfg`` points at."""
+    """The layout of the lakehouse ``cfg`` points at; an S3 lakehouse's settings are
+    registered for its files (:func:`engine.lakehouse.store.register`).
+
+    Example:
+        >>> layout(EngineConfig(lakehouse="/lake")).schedule
+        '/lake/schedule'
+    """
+    if cfg.on_object_store:
+        settings = S3Settings(
+            endpoint=cfg.s3_endpoint,
+            region=cfg.s3_region,
+            access_key=cfg.s3_access_key,
+            secret_key=cfg.s3_secret_key,
+            path_style=cfg.s3_path_style,
+        )
+        register(cfg.lakehouse_path, settings)
     return Layout(cfg.lakehouse_path)

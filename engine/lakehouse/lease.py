@@ -19,7 +19,7 @@ The round files themselves are created put-if-absent, so even an engine paused b
 check and its write cannot commit a round another engine committed: its write fails.
 
 Example:
-    >>> lease = Lease(spark, "/lake", SystemClock(), timeout_ms=15_000)  # doctest: +SKIP
+    >>> lease = Lease("/lake", SystemClock(), timeout_ms=15_000)  # doctest: +SKIP
     >>> lease.acquire().epoch                                           # doctest: +SKIP
     1
     >>> lease.check()                                                   # doctest: +SKIP
@@ -40,12 +40,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from datetime import UTC, datetime
 
-from pyspark.sql import SparkSession
-
 from engine.core.clock import Clock
 from engine.core.errors import FencedError, LakehouseHeldError
 from engine.core.processes import alive, machine_key, started
-from engine.lakehouse.fs import hadoop_path, list_files, put_if_absent, read_text, write_text
+from engine.lakehouse.fs import delete_file, list_files, put_if_absent, read_text, write_text
 
 log = logging.getLogger("delayq")
 
@@ -143,14 +141,12 @@ class Lease:
     """The lease of one lakehouse, as seen by one engine.
 
     Args:
-        spark: a session (for object stores, through Hadoop's FileSystem).
         lakehouse: the lakehouse root.
         clock: the engine clock.
         timeout_ms: how long the lease lasts without a renewal (``lease.timeout``).
     """
 
-    def __init__(self, spark: SparkSession, lakehouse: str, clock: Clock, timeout_ms: int) -> None:
-        self.spark = spark
+    def __init__(self, lakehouse: str, clock: Clock, timeout_ms: int) -> None:
         self.folder = f"{lakehouse.rstrip('/')}/{LEASE_DIR}"
         self.clock = clock
         self.timeout_ms = timeout_ms
@@ -168,7 +164,7 @@ class Lease:
 
     def epochs(self) -> list[int]:
         """The epochs claimed so far, oldest first."""
-        names = list_files(self.spark, self.folder)
+        names = list_files(self.folder)
         return sorted(int(m.group(1)) for name in names if (m := _CLAIM.match(name)))
 
     def holder(self) -> Holder | None:
@@ -176,11 +172,11 @@ class Lease:
         epochs = self.epochs()
         if not epochs:
             return None
-        claim = read_text(self.spark, self._claim_path(epochs[-1]))
+        claim = read_text(self._claim_path(epochs[-1]))
         if claim is None:
             return None
         holder = Holder(**json.loads(claim))
-        beat = read_text(self.spark, self._beat_path(holder.epoch))
+        beat = read_text(self._beat_path(holder.epoch))
         if beat:
             last = json.loads(beat)
             holder = replace(holder, renewed_ms=last["renewed_ms"], released=last["released"])
@@ -215,7 +211,7 @@ class Lease:
                     epoch, uuid.uuid4().hex, socket.gethostname(), os.getpid(), now, now,
                     self.timeout_ms, machine=machine_key(), pid_start=started(os.getpid()),
                 )  # fmt: skip
-                claimed = put_if_absent(self.spark, self._claim_path(epoch), _json(mine))
+                claimed = put_if_absent(self._claim_path(epoch), _json(mine))
                 if claimed and self.epochs()[-1] == epoch:
                     self.mine = mine
                     self._tidy(epoch)
@@ -288,23 +284,18 @@ class Lease:
 
     def _write_beat(self, holder: Holder) -> None:
         beat = {"renewed_ms": holder.renewed_ms, "released": holder.released}
-        write_text(self.spark, self._beat_path(holder.epoch), json.dumps(beat))
+        write_text(self._beat_path(holder.epoch), json.dumps(beat))
 
     def _tidy(self, newest: int) -> None:
         """Delete claims (and their renewals) more than ``KEEP_EPOCHS`` older than ``newest``."""
         for epoch in self.epochs():
             if epoch <= newest - KEEP_EPOCHS:
                 for location in (self._beat_path(epoch), self._claim_path(epoch)):
-                    _delete(self.spark, location)
+                    delete_file(location)
 
 
 def _json(holder: Holder) -> bytes:
     return json.dumps(asdict(holder)).encode("utf-8")
-
-
-def _delete(spark: SparkSession, location: str) -> None:
-    path, fs = hadoop_path(spark, location)
-    fs.delete(path, False)
 
 
 class Heartbeat:

@@ -1,4 +1,4 @@
-"""The data files of a local Delta table and their statistics, followed commit by commit.
+"""The data files of a Delta table and their statistics, followed commit by commit.
 
 delta-rs builds a snapshot's Arrow dataset from every file of the table, each with its
 statistics as an expression: 0.18 s for 700 files on this machine, and ``schedule`` gains
@@ -6,7 +6,8 @@ files with every stamping batch. A delivery round only needs the few files that 
 rows due in its window. :class:`LiveFiles` reads the table's state once (delta-rs), then
 only the commits made since (``_delta_log/<v>.json``: ``add`` and ``remove`` actions), keeps
 each file's statistics of the columns asked for, and builds a dataset of the files a caller
-keeps (:meth:`LiveFiles.dataset`), read with Arrow's own local filesystem.
+keeps (:meth:`LiveFiles.dataset`), read with Arrow's own filesystem for the table's store
+(local, or S3).
 
 The files of an older version stay answerable while the caller may ask for it: removed files
 are kept with the version that removed them until :meth:`LiveFiles.retire` drops them, and a
@@ -24,7 +25,6 @@ Example:
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,19 +32,18 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from engine.core.clock import to_micros
 from engine.lakehouse.arrow_delta import READ_OPTIONS, data_file
-from engine.lakehouse.delta_log import delta_uri
+from engine.lakehouse.storage import store_for
+from engine.lakehouse.store import Store
 
 _FORMAT = ds.ParquetFileFormat(
     read_options=READ_OPTIONS,
     default_fragment_scan_options=ds.ParquetFragmentScanOptions(pre_buffer=True),
 )
-_LOCAL = pafs.LocalFileSystem()
 #: Delta writes timestamp statistics at millisecond precision, some writers truncating the
 #: maximum: a maximum is taken as this many microseconds later, so no file is wrongly skipped.
 TIMESTAMP_MAX_SLACK_US = 1000
@@ -55,7 +54,7 @@ class DataFile:
     """One data file: where it is, its partition values, and statistics of some columns.
 
     Attributes:
-        path: the file's local path.
+        path: the file's location (as the table's store names it).
         partition: partition values, typed (``None`` for a null partition).
         rows: its row count (``None`` without statistics).
         low: per column, the minimum (timestamps as epoch µs); missing when unknown.
@@ -83,16 +82,17 @@ class DataFile:
 
 
 class LiveFiles:
-    """The files of one local Delta table, version by version; not thread-safe.
+    """The files of one Delta table, version by version; not thread-safe.
 
     Args:
-        path: the table's local path.
+        path: the table's location.
         stats: integer or timestamp columns whose statistics :class:`DataFile` keeps.
     """
 
     def __init__(self, path: str, stats: Iterable[str] = ()) -> None:
-        self.path = delta_uri(path)
-        self.log_dir = os.path.join(self.path, "_delta_log")
+        self.path = path.rstrip("/")
+        self.log_dir = f"{self.path}/_delta_log"
+        self._store: Store | None = None
         self.stats = tuple(stats)
         self.version = -1  # the state below is as of this version
         self.from_version = -1  # ... and answers versions from this one
@@ -101,6 +101,13 @@ class LiveFiles:
         self._schema: pa.Schema | None = None
         self._partitions: list[str] = []
 
+    @property
+    def store(self) -> Store:
+        """The store holding the table, looked up on first use."""
+        if self._store is None:
+            self._store = store_for(self.path)
+        return self._store
+
     # ---------------------------------------------------------------- versions
 
     def latest(self) -> int:
@@ -108,16 +115,16 @@ class LiveFiles:
         version = max(self.version, self._probed)
         if version < 0:
             try:
-                version = int(DeltaTable(self.path).version())
+                version = int(self.store.delta_table(self.path).version())
             except TableNotFoundError:
                 return -1
-        while os.path.exists(self._entry(version + 1)):
+        while self.store.exists(self._entry(version + 1)):
             version += 1
         self._probed = version
         return version
 
     def _entry(self, version: int) -> str:
-        return os.path.join(self.log_dir, f"{version:020d}.json")
+        return f"{self.log_dir}/{version:020d}.json"
 
     def files(self, version: int) -> list[DataFile]:
         """The files live at ``version`` (a version not older than :meth:`retire` kept)."""
@@ -146,13 +153,16 @@ class LiveFiles:
         """
         chosen = [f for f in self.files(version) if keep(f)]
         schema = self.schema(version)
+        store = self.store
         fragments = [
             _FORMAT.make_fragment(
-                f.path, filesystem=_LOCAL, partition_expression=self._expression(f, schema)
+                store.arrow_path(f.path),
+                filesystem=store.filesystem,
+                partition_expression=self._expression(f, schema),
             )
             for f in chosen
         ]
-        return ds.FileSystemDataset(fragments, schema, _FORMAT, _LOCAL)
+        return ds.FileSystemDataset(fragments, schema, _FORMAT, store.filesystem)
 
     def retire(self, before: int, done: Callable[[DataFile], bool] | None = None) -> None:
         """Forget versions before ``before`` (files removed by then) and the live files that
@@ -185,7 +195,7 @@ class LiveFiles:
         self.version = max(self.version, version)
 
     def _load(self, version: int) -> None:
-        table = DeltaTable(self.path, version=version)
+        table = self.store.delta_table(self.path, version)
         refused = _unreadable(table)
         if refused:
             raise ValueError(f"{self.path}: {refused} (not read here)")
@@ -209,8 +219,10 @@ class LiveFiles:
 
     def _apply(self, version: int) -> bool:
         """Apply one commit's actions; ``False`` when only a reload can (schema change)."""
-        with open(self._entry(version), encoding="utf-8") as entry:
-            lines = [json.loads(line) for line in entry if line.strip()]
+        data = self.store.read(self._entry(version))
+        if data is None:
+            raise FileNotFoundError(self._entry(version))
+        lines = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
         for line in lines:
             if "metaData" in line or "protocol" in line:
                 return False  # a new schema, partitioning or protocol: read the state again

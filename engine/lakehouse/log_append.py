@@ -1,4 +1,4 @@
-"""Blind appends to a local Delta table by writing its log: the same cost at any table size.
+"""Blind appends to a Delta table by writing its log: the same cost at any table size.
 
 delta-rs (``write_deltalake``) rebuilds the table's snapshot around every commit: on this
 machine an append of 10 rows cost 7 ms of CPU on a new table and 26 ms after 300 appends,
@@ -7,7 +7,8 @@ one per batch, a producer one per send, so every stage slowed down the longer th
 
 A blind append needs none of the snapshot: it writes Parquet files, then the next
 ``_delta_log/<version>.json`` (a ``commitInfo``, the ``txn`` when given, one ``add`` per file)
-with put-if-absent, as the Delta protocol asks of a writer. Losing that race to another
+with put-if-absent, as the Delta protocol asks of a writer (a hard link on a local disk, a
+conditional ``PUT`` on S3: :meth:`engine.lakehouse.store.Store.create`). Losing that race to another
 writer only means reading the winner's commit: a new schema or protocol reloads the table
 and is checked again, the same ``txn`` already recorded means the rows are already in, and
 anything else (appends, deletes, compaction) does not conflict with an append.
@@ -28,10 +29,7 @@ Example:
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import json
-import os
 import time
 import uuid
 from collections.abc import Iterator
@@ -42,10 +40,11 @@ from urllib.parse import quote
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 from deltalake import DeltaTable
 
-from engine.lakehouse.delta_log import Txn, delta_uri
+from engine.lakehouse.delta_log import Txn
+from engine.lakehouse.storage import store_for
+from engine.lakehouse.store import Store
 
 #: Writer features a blind append honours without doing anything, or once the table's
 #: schema and configuration show they are not in use (see :func:`unsupported`).
@@ -73,14 +72,6 @@ SMALL_FILE_ROWS = 64
 #: Versions a commit may try before it gives up (each lost race moves one version on).
 COMMIT_ATTEMPTS = 1000
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
-#: What ``link`` says on a filesystem without hard links (the append goes to delta-rs).
-_NO_LINK_ERRORS = frozenset({errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV})
-
-
-class _NoLinks(OSError):
-    """The filesystem cannot make hard links."""
-
-
 ENGINE_INFO = "delayq (log append)"
 
 
@@ -88,7 +79,7 @@ def unsupported(table: DeltaTable) -> str | None:
     """Why a blind append written here could break ``table``'s rules (``None``: it cannot).
 
     Example:
-        >>> unsupported(DeltaTable("/lake/topics/orders"))  # doctest: +SKIP
+        >>> unsupported(store_for("/lake").delta_table("/lake/topics/orders"))  # doctest: +SKIP
     """
     protocol = table.protocol()
     if protocol.min_writer_version > 7:
@@ -127,26 +118,34 @@ class _State:
 
 
 class LogAppender:
-    """Appends to one local Delta table by writing its log; not thread-safe (callers lock).
+    """Appends to one Delta table by writing its log; not thread-safe (callers lock).
 
     Nothing is read until the first :meth:`append`, which loads the table once (delta-rs).
 
     Args:
-        path: the table's local path (``file:`` URIs too).
+        path: the table's location (a local path, ``file:`` or ``s3a:`` URI).
     """
 
     def __init__(self, path: str) -> None:
-        self.path = delta_uri(path)
-        self.log_dir = os.path.join(self.path, "_delta_log")
+        self.path = path.rstrip("/")
+        self.log_dir = f"{self.path}/_delta_log"
+        self._store: Store | None = None
         self._state: _State | None = None
-        self._identity: tuple[int, int] | None = None  # of the first commit's file, at load
+        self._identity: tuple[Any, ...] | None = None  # of the first commit's file, at load
         self.refused: str | None = None  # why the table takes no blind append from here
-        self._last_checkpoint: tuple[tuple[int, int, int, int] | None, int] = (None, -1)
+        self._last_checkpoint: tuple[tuple[Any, ...] | None, int] = (None, -1)
+
+    @property
+    def store(self) -> Store:
+        """The store holding the table, looked up on first use."""
+        if self._store is None:
+            self._store = store_for(self.path)
+        return self._store
 
     def _load(self, txn: Txn | None = None) -> tuple[_State | None, bool]:
         """Read the table's state; and whether ``txn`` is already recorded in it."""
         identity = self._first_commit()  # before the read: a table made again after it differs
-        table = DeltaTable(self.path)
+        table = self.store.delta_table(self.path)
         recorded = None if txn is None else table.transaction_version(txn.app_id)
         done = txn is not None and recorded is not None and recorded >= txn.version
         self.refused = unsupported(table)
@@ -200,7 +199,7 @@ class LogAppender:
                 self._checkpointed_after(state.version)  # unseen commits may be cleaned up
                 or not set(rows.column_names) <= set(state.schema.names)  # a new column?
                 or self._first_commit() != self._identity  # a new table at the same path
-                or not os.path.exists(self._entry(state.version))  # (and its version is gone)
+                or not self.store.exists(self._entry(state.version))  # (its version is gone)
             )
         ):
             state, done = self._load(txn)
@@ -211,14 +210,11 @@ class LogAppender:
         adds = self._write_files(rows, state, file_rows)
         for _ in range(COMMIT_ATTEMPTS):
             version = state.version + 1
-            try:
-                if self._put(version, self._commit(adds, rows.num_rows, txn, metadata, version)):
-                    state.version = version
-                    return True
-            except _NoLinks as err:
-                self._remove(adds)
-                self._state, self.refused = None, f"no hard links on this filesystem ({err})"
-                return False
+            body = self._commit(adds, rows.num_rows, txn, metadata, version)
+            # no fsync on a local disk: as delta-rs's and Spark's local commits
+            if self.store.create(self._entry(version), body, durable=False):
+                state.version = version
+                return True
             # Another writer took this version: the same txn means the rows are in; a new
             # schema or protocol is read and checked again; anything else does not conflict.
             actions = self._read(version)
@@ -268,14 +264,11 @@ class LogAppender:
         )
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         relative = f"{folder}/{name}" if folder else name
-        local = os.path.join(self.path, *relative.split("/"))
-        if folder:
-            os.makedirs(os.path.dirname(local), exist_ok=True)
-        pq.write_table(rows, local, compression="snappy")
+        size = self.store.write_parquet(f"{self.path}/{relative}", rows)
         return {
             "path": relative,
             "partitionValues": values,
-            "size": os.path.getsize(local),
+            "size": size,
             "modificationTime": int(time.time() * 1000),
             "dataChange": True,
             "stats": json.dumps(file_stats(rows), separators=(",", ":")),
@@ -283,8 +276,7 @@ class LogAppender:
 
     def _remove(self, adds: list[dict[str, Any]]) -> None:
         for add in adds:
-            with contextlib.suppress(FileNotFoundError):
-                os.remove(os.path.join(self.path, *add["path"].split("/")))
+            self.store.delete(f"{self.path}/{add['path']}")
 
     # ------------------------------------------------------------------ log
 
@@ -320,56 +312,40 @@ class LogAppender:
         return "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
 
     def _entry(self, version: int) -> str:
-        return os.path.join(self.log_dir, f"{version:020d}.json")
-
-    def _put(self, version: int, body: bytes) -> bool:
-        """Write ``<version>.json`` unless it exists (a hard link is put-if-absent)."""
-        temp = os.path.join(self.log_dir, f".{version:020d}.json.{uuid.uuid4().hex}.tmp")
-        with open(temp, "wb") as out:  # no fsync: as delta-rs's and Spark's local commits
-            out.write(body)
-        try:
-            os.link(temp, self._entry(version))
-            return True
-        except FileExistsError:
-            return False
-        except OSError as err:
-            if err.errno in _NO_LINK_ERRORS:
-                raise _NoLinks(os.strerror(err.errno)) from err
-            raise
-        finally:
-            os.remove(temp)
+        return f"{self.log_dir}/{version:020d}.json"
 
     def _read(self, version: int) -> dict[str, list[dict[str, Any]]]:
         """The actions of a committed version, by kind."""
         actions: dict[str, list[dict[str, Any]]] = {}
-        with open(self._entry(version), encoding="utf-8") as entry:
-            for line in entry:
-                if line.strip():
-                    for kind, action in json.loads(line).items():
-                        actions.setdefault(kind, []).append(action)
+        data = self.store.read(self._entry(version))
+        if data is None:
+            raise FileNotFoundError(self._entry(version))
+        for line in data.decode("utf-8").splitlines():
+            if line.strip():
+                for kind, action in json.loads(line).items():
+                    actions.setdefault(kind, []).append(action)
         return actions
 
-    def _first_commit(self) -> tuple[int, int] | None:
-        """Which file holds version 0 (inode, mtime): a table deleted and made again at the
-        same path has a new one, and its versions are not this appender's."""
-        try:
-            found = os.stat(self._entry(0))
-        except FileNotFoundError:
-            return None  # (or cleaned up long ago)
-        return found.st_ino, found.st_mtime_ns
+    def _first_commit(self) -> tuple[Any, ...] | None:
+        """Which file holds version 0 (inode and times, or ETag): a table deleted and made
+        again at the same path has a new one, and its versions are not this appender's.
+        ``None`` when there is none (or it was cleaned up long ago)."""
+        found = self.store.identity(self._entry(0))
+        return None if found is None else found[:2]
 
     def _checkpointed_after(self, version: int) -> bool:
         """Whether the table has a checkpoint past ``version``: commits this appender never
         read may be cleaned up, and only a reload knows what they changed."""
-        name = os.path.join(self.log_dir, "_last_checkpoint")
-        try:
-            found = os.stat(name)
-            seen = (found.st_ino, found.st_mtime_ns, found.st_ctime_ns, found.st_size)
-            if seen != self._last_checkpoint[0]:  # read it again only when it changed
-                with open(name, encoding="utf-8") as f:
-                    self._last_checkpoint = (seen, int(json.load(f)["version"]))
-        except (FileNotFoundError, ValueError, KeyError):
+        name = f"{self.log_dir}/_last_checkpoint"
+        seen = self.store.identity(name)
+        if seen is None:
             return False
+        if seen != self._last_checkpoint[0]:  # read it again only when it changed
+            data = self.store.read(name)
+            try:
+                self._last_checkpoint = (seen, int(json.loads(data or b"")["version"]))
+            except (ValueError, KeyError):
+                return False
         return self._last_checkpoint[1] > version
 
 

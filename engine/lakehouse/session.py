@@ -23,7 +23,10 @@ from engine.core.config import DEFAULT_CONF, EngineConfig
 from engine.core.errors import SetupError
 from engine.lakehouse.catalog import register_all
 from engine.lakehouse.fs import jvm
+from engine.lakehouse.layout import layout
 from engine.lakehouse.metastore import catalog_conf, derby_log, tidy_resources
+from engine.lakehouse.storage import s3a_conf, settings_for
+from engine.lakehouse.store import split_s3
 
 REPO_ROOT = DEFAULT_CONF.parent.parent
 LOG4J_CONF = REPO_ROOT / "conf" / "log4j2.properties"
@@ -40,6 +43,10 @@ DELTA_CONF = {
     "spark.ui.showConsoleProgress": "false",
     # Plain log lines on the console; Spark 4 defaults to JSON.
     "spark.log.structuredLogging.enabled": "false",
+    # Delta's commits on s3a:// with S3's conditional PUT, safe with several writers (as the
+    # engine's own commits are); Delta's default there is safe with one driver only. The
+    # class is built by `make jars` (build/logstore). Read when the Spark starts.
+    "spark.delta.logStore.s3a.impl": "delayq.s3.ConditionalPutLogStore",
 }
 
 
@@ -148,6 +155,10 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
                     builder = builder.config(key, "127.0.0.1")
         for key, value in catalog_conf(cfg).items():
             builder = builder.config(key, value)
+        found = split_s3(layout(cfg).root)  # (registers an S3 lakehouse's settings)
+        if found is not None:
+            for key, value in s3a_conf(found[0], settings_for(layout(cfg).root)).items():
+                builder = builder.config(f"spark.hadoop.{key}", value)
     for key, value in {**DELTA_CONF, **cfg.spark_conf, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()

@@ -25,6 +25,7 @@ from engine.core.errors import SetupError
 from engine.lakehouse.arrow_delta import columns, create_table
 from engine.lakehouse.delta_log import table_exists
 from engine.lakehouse.layout import Layout, layout
+from engine.lakehouse.storage import store_for
 from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, CONSUMER_LOG, QUARANTINE, SCHEDULE, TOPIC
 
 log = logging.getLogger(__name__)
@@ -59,7 +60,7 @@ def _create(
     finds the other's table. An error that outlasts the tries is raised.
     """
     for attempt in range(1, CREATE_ATTEMPTS + 1):
-        if table_exists(spark, path):
+        if table_exists(path):
             break
         builder = DeltaTable.createIfNotExists(spark).location(path).addColumns(schema)
         if partition:
@@ -67,7 +68,7 @@ def _create(
         try:
             builder.execute()
         except Exception as err:
-            if table_exists(spark, path):
+            if table_exists(path):
                 break  # another process made it first
             if attempt == CREATE_ATTEMPTS:
                 raise
@@ -108,6 +109,7 @@ def ensure_tables(spark: SparkSession, cfg: EngineConfig, migrate: bool = True) 
     ensured = (spark.sparkContext.applicationId, lay.root)
     if ensured in _ENSURED:
         return lay  # this application has checked (and created) them already
+    store_for(lay.root).check(lay.root)
     _create(spark, lay.commitlog, COMMITLOG, None, migrate)
     _create(spark, lay.schedule, SCHEDULE, "queue_id", migrate)
     _create(spark, lay.quarantine, QUARANTINE, None, migrate)

@@ -14,23 +14,20 @@ Example:
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 from engine.core.config import EngineConfig
+from engine.lakehouse.fs import list_files, read_text
 from engine.lakehouse.layout import layout
 
 #: The ingest stream's checkpoint, under the lakehouse's ``_checkpoints``.
 INGEST_CHECKPOINT = "kafka_ingest"
 
 
-def _batches(folder: Path) -> list[int]:
-    try:
-        return sorted(int(p.name) for p in folder.iterdir() if p.name.isdigit())
-    except OSError:
-        return []
+def _batches(folder: str) -> list[int]:
+    return sorted(int(name) for name in list_files(folder) if name.isdigit())
 
 
-def stored_offsets(checkpoint: Path | str) -> dict[tuple[str, int], int] | None:
+def stored_offsets(checkpoint: str) -> dict[tuple[str, int], int] | None:
     """(topic, partition) -> the next offset to read after the last stored batch.
 
     ``None`` when the stream has not stored a batch yet (or never ran).
@@ -39,12 +36,12 @@ def stored_offsets(checkpoint: Path | str) -> dict[tuple[str, int], int] | None:
         >>> stored_offsets("/nonexistent/_checkpoints/kafka_ingest") is None
         True
     """
-    folder = Path(checkpoint)
-    committed = _batches(folder / "commits")
+    folder = checkpoint.rstrip("/")
+    committed = _batches(f"{folder}/commits")
     if not committed:
         return None
     offsets: dict[tuple[str, int], int] = {}
-    lines = (folder / "offsets" / str(committed[-1])).read_text().splitlines()
+    lines = (read_text(f"{folder}/offsets/{committed[-1]}") or "").splitlines()
     for line in lines[2:]:  # "v1", the batch's metadata, then one line per source
         try:
             source = json.loads(line)

@@ -132,7 +132,7 @@ def start_ingest(
 
     def run_batch(batch: DataFrame, batch_id: int) -> None:
         if not query_id:
-            query_id.append(stream_query_id(spark, checkpoint))
+            query_id.append(stream_query_id(checkpoint))
         records = batch.select(*KAFKA_RECORD.names).toArrow()
         stored, bad = write_batch(
             commitlog, quarantine, cfg, records, query_id[0], batch_id, clock.now()

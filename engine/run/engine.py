@@ -133,7 +133,7 @@ class Engine:
         self.out = out
         self.layout = layout(cfg)
         # The lease is about real time between processes: the system clock, always.
-        self.lease = Lease(spark, cfg.lakehouse, SystemClock(), cfg.lease_timeout_ms)
+        self.lease = Lease(layout(cfg).root, SystemClock(), cfg.lease_timeout_ms)
         self.stamper = Stamper(spark, cfg, self.layout, self.clock, fence=self.lease.check)
         self._sinks = sinks
         self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks, fence=self.lease.check)

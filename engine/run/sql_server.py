@@ -29,7 +29,6 @@ import os
 import socket
 import threading
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from pyspark.sql import SparkSession
@@ -37,15 +36,21 @@ from pyspark.sql import SparkSession
 from engine.core.config import EngineConfig
 from engine.core.errors import ConfigError, SetupError
 from engine.core.processes import alive
-from engine.lakehouse.fs import jvm
+from engine.lakehouse.fs import delete_file, jvm, read_text, write_text
+from engine.lakehouse.layout import layout
 
 #: Written while the server runs, removed when it stops: where SQL clients connect.
-ADDRESS_FILE = Path("_engine") / "sql.json"
+ADDRESS_FILE = "sql.json"
 
 
-def address_file(cfg: EngineConfig) -> Path:
-    """``<lakehouse>/_engine/sql.json``."""
-    return Path(cfg.lakehouse_path) / ADDRESS_FILE
+def address_file(cfg: EngineConfig) -> str:
+    """``<lakehouse>/_engine/sql.json``.
+
+    Example:
+        >>> address_file(EngineConfig(lakehouse="/lake"))
+        '/lake/_engine/sql.json'
+    """
+    return layout(cfg).engine_file(ADDRESS_FILE)
 
 
 def read_addresses(cfg: EngineConfig) -> dict[str, Any] | None:
@@ -57,7 +62,7 @@ def read_addresses(cfg: EngineConfig) -> dict[str, Any] | None:
         {'jdbc': 'jdbc:hive2://127.0.0.1:10000', 'connect': 'sc://127.0.0.1:15002', 'pid': 4242}
     """
     try:
-        found = json.loads(address_file(cfg).read_text())
+        found = json.loads(read_text(address_file(cfg)) or "")
     except (OSError, ValueError):
         return None
     if not isinstance(found, dict) or not alive(found.get("pid")):
@@ -192,17 +197,13 @@ class SqlServer:
             raise
         self.connect_url = f"sc://{host}:{connect}"
         record = {"jdbc": self.jdbc_url, "connect": self.connect_url, "pid": os.getpid()}
-        target = address_file(self.cfg)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        partial = target.with_name(f".{target.name}.{os.getpid()}")
-        partial.write_text(json.dumps(record))
-        os.replace(partial, target)  # a reader sees the whole file or none
+        write_text(address_file(self.cfg), json.dumps(record))  # seen whole or not at all
         return self
 
     def stop(self) -> None:
         """Close both servers and remove ``sql.json`` (safe to call twice); a failure to
         stop one still stops the other."""
-        address_file(self.cfg).unlink(missing_ok=True)
+        delete_file(address_file(self.cfg))
         view = jvm(self.spark)
         try:
             if self._connect:

@@ -29,16 +29,15 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-from deltalake import DeltaTable
 
 from engine.core.errors import CheckpointError
 from engine.lakehouse.arrow_delta import READ_OPTIONS, data_file
-from engine.lakehouse.delta_log import delta_uri
+from engine.lakehouse.storage import store_for
+from engine.lakehouse.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -70,22 +69,29 @@ class CommitlogSource:
     """The data files ``commitlog`` versions add, and their rows.
 
     Args:
-        path: the ``commitlog`` table (local, as the lakehouse is).
+        path: the ``commitlog`` table.
     """
 
     def __init__(self, path: str) -> None:
-        self.path = path
-        self.root = delta_uri(path)
-        self._log = os.path.join(self.root, "_delta_log")
+        self.path = path.rstrip("/")
+        self._log = f"{self.path}/_delta_log"
+        self._store: Store | None = None
         self._schema: pa.Schema | None = None
         self._files: dict[int, list[Added]] = {}  # version -> its data files (recent ones)
 
+    @property
+    def store(self) -> Store:
+        """The store holding ``commitlog``, looked up on first use."""
+        if self._store is None:
+            self._store = store_for(self.path)
+        return self._store
+
     def _entry(self, version: int) -> str:
-        return os.path.join(self._log, f"{version:020d}.json")
+        return f"{self._log}/{version:020d}.json"
 
     def exists(self, version: int) -> bool:
         """Whether ``version`` is committed (its log entry is there)."""
-        return os.path.exists(self._entry(version))
+        return self.store.exists(self._entry(version))
 
     def files(self, version: int) -> list[Added]:
         """The data files ``version`` added for producers' rows (none for other commits).
@@ -97,15 +103,14 @@ class CommitlogSource:
         cached = self._files.get(version)
         if cached is not None:
             return cached
-        try:
-            with open(self._entry(version), encoding="utf-8") as entry:
-                actions = [json.loads(line) for line in entry if line.strip()]
-        except FileNotFoundError as err:
+        data = self.store.read(self._entry(version))
+        if data is None:
             raise CheckpointError(
                 f"{self.path} version {version} is not in its Delta log any more (removed "
                 "after delta.logRetentionDuration while nothing stamped it): stamping cannot "
                 "tell which messages it added"
-            ) from err
+            )
+        actions = [json.loads(line) for line in data.decode("utf-8").splitlines() if line.strip()]
         adds = [a["add"] for a in actions if "add" in a and a["add"].get("dataChange", True)]
         removes = [a["remove"] for a in actions if "remove" in a]
         if any("metaData" in a for a in actions):
@@ -185,7 +190,7 @@ class CommitlogSource:
     def schema(self) -> pa.Schema:
         """The table's Arrow schema (its newest columns)."""
         if self._schema is None:
-            self._schema = pa.schema(DeltaTable(self.root).schema().to_arrow())
+            self._schema = pa.schema(self.store.delta_table(self.path).schema().to_arrow())
         return self._schema
 
     def read(self, files: list[Added]) -> pa.Table:
@@ -199,4 +204,7 @@ class CommitlogSource:
         if not files:
             return schema.empty_table()
         fmt = ds.ParquetFileFormat(read_options=READ_OPTIONS)
-        return ds.dataset([f.path for f in files], schema=schema, format=fmt).to_table()
+        paths = [self.store.arrow_path(f.path) for f in files]
+        return ds.dataset(
+            paths, schema=schema, format=fmt, filesystem=self.store.filesystem
+        ).to_table()

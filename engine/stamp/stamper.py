@@ -132,7 +132,7 @@ class Stamper:
         self.layout = layout
         self.source = CommitlogSource(layout.commitlog)
         self.writer = StampWriter(cfg, layout, clock)
-        self.plans = OffsetLog(spark, layout.checkpoint("stamp") + "/batches")
+        self.plans = OffsetLog(layout.checkpoint("stamp") + "/batches")
         self.stats = StampStats()
         self._position = Position(0, 0)
         self._next_batch = 0
@@ -183,7 +183,7 @@ class Stamper:
             raise CheckpointError(f"{self.plans.path}: the plan of batch {last} is empty")
         plan = StampPlan.from_row(rows[0]) if last is not None else None
         if plan is None:
-            plan = spark_stream_plan(self.spark, self.layout.checkpoint("stamp"))
+            plan = spark_stream_plan(self.layout.checkpoint("stamp"))
             if plan is not None:
                 log.info("carrying on from the stamping stream's batch %d", plan.batch)
                 self.plans.write(plan.batch, [plan.row()])
@@ -273,7 +273,7 @@ class Stamper:
         return rows
 
 
-def spark_stream_plan(spark: SparkSession, checkpoint: str) -> StampPlan | None:
+def spark_stream_plan(checkpoint: str) -> StampPlan | None:
     """The last batch of the Spark stream that stamped this lakehouse before (``None`` when
     there was none), as a plan to run again: it covers the same files.
 
@@ -281,21 +281,21 @@ def spark_stream_plan(spark: SparkSession, checkpoint: str) -> StampPlan | None:
         CheckpointError: the stream stopped inside a ``commitlog`` version (a large commit
             cut into several batches); run the earlier version until it is idle first.
     """
-    offsets = list_files(spark, f"{checkpoint}/offsets")
+    offsets = list_files(f"{checkpoint}/offsets")
     batches = sorted(int(name) for name in offsets if name.isdigit())
     if not batches:
         return None
     last = batches[-1]
-    end = _spark_offset(spark, checkpoint, last)
-    if str(last) in list_files(spark, f"{checkpoint}/commits"):
+    end = _spark_offset(checkpoint, last)
+    if str(last) in list_files(f"{checkpoint}/commits"):
         return StampPlan(last, end, end)  # done: nothing to run again, carry on from its end
-    start = _spark_offset(spark, checkpoint, last - 1) if last - 1 in batches else Position(0, 0)
+    start = _spark_offset(checkpoint, last - 1) if last - 1 in batches else Position(0, 0)
     return StampPlan(last, start, end)
 
 
-def _spark_offset(spark: SparkSession, checkpoint: str, batch: int) -> Position:
+def _spark_offset(checkpoint: str, batch: int) -> Position:
     """Where a Spark Delta stream's batch ended, as a :class:`Position`."""
-    text = read_text(spark, f"{checkpoint}/offsets/{batch}") or ""
+    text = read_text(f"{checkpoint}/offsets/{batch}") or ""
     offset = json.loads(text.splitlines()[-1])
     version, index = int(offset["reservoirVersion"]), int(offset["index"])
     if index == -1:  # before the first file of `version`: every earlier version is done

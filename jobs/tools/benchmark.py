@@ -47,7 +47,6 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from deltalake import DeltaTable
 from pyarrow.dataset import field as pc_field
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
@@ -56,9 +55,10 @@ from engine.core.clock import SystemClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
 from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import delta_uri, list_topics
+from engine.lakehouse.delta_log import list_topics, table_exists
 from engine.lakehouse.fs import jvm
 from engine.lakehouse.layout import layout
+from engine.lakehouse.storage import store_for
 from engine.produce.send import Message, send_arrow, send_df, send_many
 from engine.run.engine import Engine
 
@@ -344,9 +344,12 @@ def commit_times(path: str) -> dict[int, int]:
     """``{delivery round: commit ms}`` of a topic table's delivery commits, from its Delta
     log (Python only: Spark's ``history()`` of 100 topic tables held gigabytes of heap)."""
     times: dict[int, int] = {}
-    log_dir = Path(delta_uri(path)) / "_delta_log"
-    for commit in sorted(log_dir.glob("*.json")) if log_dir.exists() else ():
-        for line in commit.read_text().splitlines():
+    log_dir = f"{path}/_delta_log"
+    store = store_for(log_dir)
+    for name in store.names(log_dir):
+        if not name.endswith(".json"):
+            continue
+        for line in (store.read(f"{log_dir}/{name}") or b"").decode().splitlines():
             info = json.loads(line).get("commitInfo") if line.strip() else None
             if info is None:
                 continue
@@ -367,11 +370,12 @@ def visible_rows(spark: SparkSession, cfg: EngineConfig, tag: str | None = None)
     read with Arrow from the topic tables and their logs."""
     lay = layout(cfg)
     frames = []
-    for name in list_topics(spark, cfg):
+    for name in list_topics(cfg):
         path = lay.topic(name)
         where = None if tag is None else pc_field("tags") == tag
         rows = (
-            DeltaTable(delta_uri(path))
+            store_for(path)
+            .delta_table(path)
             .to_pyarrow_dataset()
             .to_table(
                 columns=["msg_id", "deliver_ts", "delivered_ts", "delivery_round"], filter=where
@@ -508,12 +512,15 @@ class Bench:
         self.memory = MemorySampler(self.spark)
         self.memory.start()
         self.stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
-        self.lake_root = self.out_dir / f"lakehouse-{self.stamp}"
+        # The workloads' lakehouses: under the output folder, or, when the configuration
+        # puts the lakehouse in an S3 bucket (--set lakehouse.path=s3a://...), under it.
+        root = self.base.lakehouse_path if self.base.on_object_store else str(self.out_dir)
+        self.lake_root = f"{root}/lakehouse-{self.stamp}"
 
     def cfg(self, name: str, fresh: bool = True) -> EngineConfig:
         """A config on a lakehouse for one workload: a fresh one unless ``fresh`` is false."""
-        path = self.lake_root / name
-        if fresh:
+        path = f"{self.lake_root}/{name}"
+        if fresh and not self.base.on_object_store:  # (a bucket's run has a prefix of its own)
             shutil.rmtree(path, ignore_errors=True)
         return self.base.with_overrides(
             lakehouse=str(path),
@@ -706,7 +713,7 @@ class Bench:
         runs = []
         for size in self.plan.backlogs:
             self.say(f"restart: {size:,} timers 2 days ahead, {RESTART_DUE:,} due; new engine")
-            if (self.lake_root / f"backlog-{size}").exists():  # the backlog run's, kept
+            if table_exists(f"{self.lake_root}/backlog-{size}/schedule"):  # the backlog run's
                 cfg, loaded = self.cfg(f"backlog-{size}", fresh=False), None
             else:
                 cfg = self.cfg(f"restart-{size}")
@@ -1049,7 +1056,7 @@ class Bench:
         results: dict[str, Any] = {"runs": {"engine": fast_n, "local": local_n}}
         try:
             deadline = time.monotonic() + 300
-            while not endpoint_file(cfg).exists() and time.monotonic() < deadline:
+            while not os.path.exists(endpoint_file(cfg)) and time.monotonic() < deadline:
                 if engine.poll() is not None:
                     raise RuntimeError(f"the engine stopped; its output: {log_path}")
                 time.sleep(0.5)
@@ -1156,7 +1163,7 @@ class Bench:
         from jobs.tools.broker import start as start_broker
         from jobs.tools.broker import stop as stop_broker
 
-        home = self.lake_root / f"{name}-broker"
+        home = self.out_dir / f"lakehouse-{self.stamp}" / f"{name}-broker"
         broker = start_broker(home, 19092, 19093, lib=REPO_ROOT / ".kafka" / "lib")
         sink = "exactly once" if exactly_once else "at least once"
         self.say(
@@ -1313,10 +1320,10 @@ class Bench:
             chart(self.results, Path(f"{stem}.png"))
         except Exception:  # a chart must not lose the figures
             log.exception("chart failed")
-        if self.keep:
+        if self.keep or self.base.on_object_store:
             self.say(f"\nlakehouses kept in {self.lake_root}")
-        else:
-            shutil.rmtree(self.lake_root, ignore_errors=True)
+        if not self.keep:  # (the local folder: the lakehouses, or only the brokers' files)
+            shutil.rmtree(self.out_dir / f"lakehouse-{self.stamp}", ignore_errors=True)
         self.say(f"\nresults: {stem}.json\nchart:   {stem}.png")
 
 

@@ -1,6 +1,8 @@
 """The engine and a consumer as applications on a real Spark standalone cluster (a master and
-two workers, started once for the module as ``make cluster-up`` does), through a lost worker
-and a killed driver."""
+two workers, started once for the module as ``make cluster-up`` does) with the lakehouse in an
+S3 bucket of a real S3 server (as ``make s3-up`` starts), through a lost worker and a killed
+driver. Producers send from the test's own application; every process gets the bucket's
+credentials from its environment."""
 
 from __future__ import annotations
 
@@ -17,7 +19,9 @@ from pyspark.sql import SparkSession
 
 from engine.produce.send import Message, send_many
 from jobs.tools.cluster import Cluster, describe, kill, read_state, start, stop
+from jobs.tools.objectstore import Server
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
+from tests.support.objectstore import s3_cfg
 from tests.support.process import VENV_BIN, engine_args, wait_for
 from tests.support.process import start as start_process
 
@@ -51,9 +55,10 @@ def _wave(k: int, n: int) -> list[Message]:
 
 
 def test_on_the_cluster_every_message_once_never_early_through_a_lost_worker_and_driver(
-    spark: SparkSession, make_cfg: Any, tmp_path: Path, cluster: Cluster
+    spark: SparkSession, make_cfg: Any, tmp_path: Path, cluster: Cluster, s3: Server
 ) -> None:
-    cfg = make_cfg()
+    cfg = s3_cfg(make_cfg, s3)
+    assert cfg.lakehouse.startswith("s3a://")
     on_cluster = [
         "--set", f"spark.master={cluster.master_url}",
         "--set", "spark.conf.spark.cores.max=2",
@@ -61,7 +66,8 @@ def test_on_the_cluster_every_message_once_never_early_through_a_lost_worker_and
     ]  # fmt: skip
     settings = engine_args(cfg, *on_cluster)
     delayq = str(VENV_BIN / "delayq")
-    first = start_process([delayq, "run", *settings], tmp_path / "first.log")
+    env = s3.environment()
+    first = start_process([delayq, "run", *settings], tmp_path / "first.log", env)
     procs = [first]
     try:
         ids = send_many(spark, cfg, _wave(1, 30))
@@ -80,12 +86,13 @@ def test_on_the_cluster_every_message_once_never_early_through_a_lost_worker_and
               ui_port=int(cluster.ui_url.rsplit(":", 1)[1]))  # fmt: skip
         ids += send_many(spark, cfg, _wave(3, 30))
         until = ["--until-idle", "--max-seconds", "150"]
-        second = start_process([delayq, "run", *settings, *until], tmp_path / "second.log")
+        second = start_process([delayq, "run", *settings, *until], tmp_path / "second.log", env)
         procs.append(second)
         lines = "\n".join(settings[1::2])
         consumer = start_process(
             [sys.executable, "-m", "tests.support.waiting_consumer", lines, ",".join(ids)],
             tmp_path / "consumer.log",
+            env,
         )
         procs.append(consumer)
         assert second.wait(240) == 0, (tmp_path / "second.log").read_text()[-3000:]

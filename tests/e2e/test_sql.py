@@ -91,9 +91,9 @@ def served(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Ite
     job = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS)]
     engine = start([*job, "jobs/delay_engine.py", *settings], log)
     try:
-        wait_for(lambda: address_file(cfg).exists(), 180, "the SQL server's address file")
+        wait_for(lambda: os.path.exists(address_file(cfg)), 180, "the SQL server's address file")
         wait_for(lambda: len(delivered_rows(spark, cfg)) == 6, 120, "the first deliveries")
-        addresses = json.loads(address_file(cfg).read_text())
+        addresses = json.loads(Path(address_file(cfg)).read_text())
         yield Served(cfg, engine, log, addresses["jdbc"], addresses["connect"], sent)
     finally:
         if engine.poll() is None:
@@ -221,7 +221,7 @@ def test_after_the_engine_stops_spark_sql_and_a_new_session_see_the_kept_names(
 ) -> None:
     os.killpg(served.engine.pid, signal.SIGINT)
     assert served.engine.wait(60) == 0, served.log.read_text()[-3000:]
-    assert not address_file(served.cfg).exists()
+    assert not os.path.exists(address_file(served.cfg))
 
     conf = hive_conf(metastore_path(served.cfg), f"{served.cfg.lakehouse_path}/_warehouse")
     settings = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]

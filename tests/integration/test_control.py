@@ -55,7 +55,9 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineConfig]:
     log = root / "engine.log"
     proc = start([str(VENV_BIN / "delayq"), "run", *settings], log)
     try:
-        wait_for(lambda: endpoint_file(cfg).exists() or proc.poll() is not None, 240, "engine")
+        wait_for(
+            lambda: os.path.exists(endpoint_file(cfg)) or proc.poll() is not None, 240, "engine"
+        )
         assert proc.poll() is None, log.read_text()[-3000:]
         yield cfg
     finally:
@@ -64,7 +66,7 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineConfig]:
             proc.wait(60)
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
-    assert not endpoint_file(cfg).exists(), "a stopped engine removes its control.json"
+    assert not os.path.exists(endpoint_file(cfg)), "a stopped engine removes its control.json"
 
 
 @pytest.fixture
@@ -201,7 +203,7 @@ def test_a_running_engine_serves_metrics_that_match_its_tables(
     # Every topic row of this lakehouse was delivered by this engine, and counted.
     in_tables = sum(
         spark.read.format("delta").load(layout(cfg).topic(name)).count()
-        for name in list_topics(spark, cfg)
+        for name in list_topics(cfg)
     )
     counted = sum(v for (name, _), v in got.items() if name == "delayq_delivered_total")
     assert counted == in_tables == got[("delayq_delivery_lateness_seconds_count", ())]
@@ -210,7 +212,7 @@ def test_a_running_engine_serves_metrics_that_match_its_tables(
 
 def test_without_an_engine_a_command_says_it_starts_a_spark(tmp_path: Path) -> None:
     lakehouse = tmp_path / "lakehouse"
-    stale = endpoint_file(EngineConfig(lakehouse=str(lakehouse)))
+    stale = Path(endpoint_file(EngineConfig(lakehouse=str(lakehouse))))
     stale.parent.mkdir(parents=True)
     stale.write_text(
         '{"url": "http://127.0.0.1:9", "token": "t", "host": "elsewhere", "pid": 1, '

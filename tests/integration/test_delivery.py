@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 from datetime import timedelta
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,6 +17,7 @@ from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from tests.support.crash import Crash, crash_after_writes, crash_writing
+from tests.support.faults import FaultyStore, StoreWentAway
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 
 pytestmark = pytest.mark.integration
@@ -327,26 +327,20 @@ def test_a_failed_commit_never_reuses_a_round_number(
 
 
 def test_a_commit_that_fails_half_way_is_run_again_from_its_plan(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, any_cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from engine.lakehouse import offset_log
 
+    cfg = any_cfg
     ids = send_many(spark, cfg, mixed_messages(12), clock)
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
-    real_put = offset_log.put_if_absent
-
-    def half_written(spark_: SparkSession, location: str, data: bytes) -> bool:
-        if "delay_offset" in location and not location.endswith(".plan.json"):
-            folder = Path(location).parent
-            (folder / ".tmp-cut-short").write_bytes(data[: len(data) // 2])
-            raise OSError("the store went away half way through the write")
-        return real_put(spark_, location, data)
-
-    monkeypatch.setattr(offset_log, "put_if_absent", half_written)
+    real = offset_log.store_for(layout(cfg).delay_offset)
+    faulty = FaultyStore(real, cut=lambda p: "delay_offset" in p and not p.endswith(".plan.json"))
+    monkeypatch.setattr(engine.delivery.offsets, "_store", faulty)
     clock.advance(seconds=1)
-    with pytest.raises(OSError):
+    with pytest.raises(StoreWentAway):
         engine.step()
-    monkeypatch.setattr(offset_log, "put_if_absent", real_put)
+    monkeypatch.setattr(engine.delivery.offsets, "_store", real)
     assert engine.delivery.pending is not None, "the round's plan is what is durable"
     for _ in range(4):
         clock.advance(seconds=1)
@@ -355,27 +349,29 @@ def test_a_commit_that_fails_half_way_is_run_again_from_its_plan(
 
 
 def test_a_listing_that_misses_the_newest_commit_duplicates_nothing(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
+    spark: SparkSession, any_cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.lakehouse.offset_log import OffsetLog
+    from engine.lakehouse import offset_log
 
+    cfg = any_cfg
     first = send_many(spark, cfg, mixed_messages(12), clock)
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     for _ in range(4):
         clock.advance(seconds=1)
         engine.step()
     committed = engine.delivery.progress.round
-    real_rounds = OffsetLog._rounds
+    folder = layout(cfg).delay_offset
     misses = {"left": 3}
 
-    def stale_listing(self: OffsetLog) -> tuple[list[int], list[int]]:
-        done, planned = real_rounds(self)
-        if self.path == layout(cfg).delay_offset and misses["left"] > 0 and done:
+    def stale_listing(listed: str, names: list[str]) -> list[str]:
+        commits = [n for n in names if not n.endswith(".plan.json")]
+        if listed == folder and misses["left"] > 0 and commits:
             misses["left"] -= 1
-            return done[:-1], planned  # the newest commit is not listed yet
-        return done, planned
+            return [n for n in names if n != commits[-1]]  # the newest commit: not listed yet
+        return names
 
-    monkeypatch.setattr(OffsetLog, "_rounds", stale_listing)
+    faulty = FaultyStore(offset_log.store_for(folder), listing=stale_listing)
+    monkeypatch.setattr(offset_log, "store_for", lambda _location: faulty)
     restarted = Engine(spark, cfg, clock, out=lambda _: None).open()  # believes round k-1
     later = send_many(spark, cfg, mixed_messages(6), clock)
     for _ in range(8):

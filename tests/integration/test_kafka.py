@@ -94,7 +94,7 @@ def test_ingest_reads_every_header_form_and_quarantines_bad_headers(
     engine.step()
     clock.advance(seconds=2)
     engine.step()  # level 2 (2 s) and the 1.5 s timer are due, the 3 s and 5 s ones not
-    delivered = {r["body"].decode() for t in list_topics(spark, cfg)
+    delivered = {r["body"].decode() for t in list_topics(cfg)
                  for r in rows(spark, layout(cfg).topic(t))}  # fmt: skip
     assert delivered == {"now", "level", "ms", "dup1"}
     refused = {r["body"].decode(): r["reason"] for r in rows(spark, layout(cfg).quarantine)}
@@ -155,7 +155,7 @@ def test_delivery_to_kafka_and_delta_for_the_same_topic(
     assert [r.value for r in consume(kafka, only, 1)] == [b"o1"]
     delta = sorted(r["body"] for r in rows(spark, layout(cfg).topic(both)))
     assert delta == [b"b1", b"b2"]
-    assert only not in list_topics(spark, cfg), "a kafka-only topic has no Delta table"
+    assert only not in list_topics(cfg), "a kafka-only topic has no Delta table"
 
 
 def test_exactly_once_to_kafka_for_read_committed_readers(

@@ -1,10 +1,10 @@
-"""One engine per lakehouse: the lease, standby, and fencing, on real Spark + Delta."""
+"""One engine per lakehouse: the lease, standby, and fencing, on real Spark + Delta, in a
+local folder and (where marked) in an S3 bucket on a real S3 server."""
 
 from __future__ import annotations
 
 import json
 import threading
-from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -12,7 +12,7 @@ from pyspark.sql import SparkSession
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import FencedError, LakehouseHeldError
-from engine.lakehouse.fs import put_if_absent
+from engine.lakehouse.fs import put_if_absent, write_text
 from engine.lakehouse.lease import LEASE_DIR, Lease
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
@@ -32,15 +32,16 @@ def _foreign_claim(spark: SparkSession, cfg: EngineConfig, epoch: int, at_ms: in
         "since_ms": at_ms, "renewed_ms": at_ms, "timeout_ms": 15_000,
     }  # fmt: skip
     where = f"{cfg.lakehouse}/{LEASE_DIR}/{epoch:020d}.json"
-    assert put_if_absent(spark, where, json.dumps(claim).encode())
+    assert put_if_absent(where, json.dumps(claim).encode())
 
 
 def test_a_held_lakehouse_is_refused_naming_the_holder_until_its_lease_runs_out(
-    spark: SparkSession, cfg: EngineConfig
+    spark: SparkSession, any_cfg: EngineConfig
 ) -> None:
+    cfg = any_cfg
     clock = FakeClock(START)
     _foreign_claim(spark, cfg, 1, _ms(clock))
-    lease = Lease(spark, cfg.lakehouse, clock, timeout_ms=15_000)
+    lease = Lease(cfg.lakehouse, clock, timeout_ms=15_000)
     clock.advance(seconds=14)
     with pytest.raises(LakehouseHeldError) as refused:
         lease.acquire()
@@ -59,13 +60,13 @@ def test_a_standby_takes_over_when_the_holder_releases(
     clock = FakeClock(START)
     _foreign_claim(spark, cfg, 1, _ms(clock))
     taken: list[int] = []
-    standby = Lease(spark, cfg.lakehouse, clock, timeout_ms=15_000)
+    standby = Lease(cfg.lakehouse, clock, timeout_ms=15_000)
     waiter = threading.Thread(target=lambda: taken.append(standby.acquire(standby=True).epoch))
     waiter.start()
     waiter.join(2.5)
     assert waiter.is_alive() and not taken, "it waits while the holder's lease runs"
-    beat = Path(cfg.lakehouse) / LEASE_DIR / f"{1:020d}.beat.json"
-    beat.write_text(json.dumps({"renewed_ms": _ms(clock), "released": True}))  # a clean stop
+    beat = f"{cfg.lakehouse}/{LEASE_DIR}/{1:020d}.beat.json"
+    write_text(beat, json.dumps({"renewed_ms": _ms(clock), "released": True}))  # a clean stop
     waiter.join(10)
     assert taken == [2]
 
@@ -76,14 +77,15 @@ def test_a_standby_gives_up_when_told_to_stop(spark: SparkSession, cfg: EngineCo
     stop = threading.Event()
     stop.set()
     with pytest.raises(LakehouseHeldError):
-        Lease(spark, cfg.lakehouse, clock, timeout_ms=15_000).acquire(standby=True, stop=stop)
+        Lease(cfg.lakehouse, clock, timeout_ms=15_000).acquire(standby=True, stop=stop)
 
 
 def test_an_engine_taken_over_stops_and_its_late_commit_is_rejected(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+    spark: SparkSession, any_cfg: EngineConfig, clock: FakeClock
 ) -> None:
     """Engine A plans a round and is paused after its last lease check; B takes the
     lakehouse over and runs A's plan; A's commit then fails: nothing twice, nothing early."""
+    cfg = any_cfg
     messages = [Message(f"t{i % 2}", f"m{i}", delay_level=1) for i in range(8)]
     ids = send_many(spark, cfg, messages, clock)
     first = Engine(spark, cfg, clock, out=lambda _: None).open()

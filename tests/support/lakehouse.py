@@ -34,7 +34,7 @@ def quiet_engine(spark: SparkSession, cfg: EngineConfig, clock: FakeClock, **kw:
 def delivered_rows(spark: SparkSession, cfg: EngineConfig) -> list[dict[str, object]]:
     """Every row in every topic table of ``cfg``'s lakehouse, as dicts."""
     rows: list[dict[str, object]] = []
-    for name in list_topics(spark, cfg):
+    for name in list_topics(cfg):
         table = spark.read.format("delta").load(layout(cfg).topic(name))
         rows.extend(r.asDict() for r in table.collect())
     return rows

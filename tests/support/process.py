@@ -52,12 +52,20 @@ def engine_args(cfg: EngineConfig, *extra: str, catalog: str = "memory") -> list
         "spark.conf.spark.ui.enabled": "false",
         "sql.catalog": catalog,
     }
+    if cfg.on_object_store:  # credentials come from the environment (start(..., env=...))
+        settings["storage.s3.endpoint"] = cfg.s3_endpoint
     return [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")] + list(extra)
 
 
-def start(args: list[str], log: Path) -> subprocess.Popen[bytes]:
-    """Start a process in its own process group (so the JVM dies with it), output to ``log``."""
-    env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
+def start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+    """Start a process in its own process group (so the JVM dies with it), output to ``log``;
+    ``env`` adds to the environment (an S3 server's credentials)."""
+    env = {
+        **os.environ,
+        "PYSPARK_PYTHON": sys.executable,
+        "PYSPARK_DRIVER_PYTHON": sys.executable,
+        **(env or {}),
+    }
     return subprocess.Popen(
         args, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
         start_new_session=True,

@@ -46,7 +46,7 @@ def test_dedup_window_defaults_to_the_longest_level_and_can_be_off() -> None:
         ("delivery.pol_interval", "1s", "unknown key"),
         ("messages.max_property_name_length", "16", "at least 32"),
         ("messages.allow_empty_body", "perhaps", "true or false"),
-        ("lakehouse.path", "s3a://bucket/lh", "local folder"),
+        ("lakehouse.path", "gs://bucket/lh", "local folder"),
         ("lakehouse.path", "dbfs:/mnt/lh", "local folder"),
         ("lakehouse.path", "file://otherhost/lh", "local folder"),
         ("messages.dedup_window", "1h", "at least the longest level"),
@@ -97,5 +97,18 @@ def test_spark_settings_default_to_one_machine_and_can_be_raised() -> None:
 def test_file_uris_are_local_paths() -> None:
     for given in ("file:///lake/x", "file://localhost/lake/x", "file:/lake/x", "/lake/x"):
         assert load_config(DEFAULT_CONF, {"lakehouse.path": given}).lakehouse_path == "/lake/x"
-    with pytest.raises(ConfigError, match=r"lakehouse\.path"):
-        load_config(DEFAULT_CONF).with_overrides(lakehouse="s3a://bucket/lh")
+    with pytest.raises(ConfigError, match=r"lakehouse\.path='hdfs://nn/lh'"):
+        load_config(DEFAULT_CONF).with_overrides(lakehouse="hdfs://nn/lh")
+
+
+def test_an_s3_lakehouse_is_an_s3a_uri_and_needs_a_catalog_other_than_the_embedded_one() -> None:
+    cfg = load_config(DEFAULT_CONF, {"lakehouse.path": "s3://delayq/lh/", "sql.catalog": "memory"})
+    assert (cfg.lakehouse_path, cfg.on_object_store) == ("s3a://delayq/lh", True)
+    with pytest.raises(ConfigError, match=r"sql\.catalog='embedded'.*sql\.catalog=memory"):
+        load_config(DEFAULT_CONF, {"lakehouse.path": "s3a://delayq/lh"})
+    with pytest.raises(ConfigError, match=r"lakehouse\.path='s3a://Bad_Bucket/lh'"):
+        load_config(DEFAULT_CONF, {"lakehouse.path": "s3a://Bad_Bucket/lh"})
+    with pytest.raises(ConfigError, match=r"storage\.s3\.endpoint='127.0.0.1:9000'"):
+        load_config(DEFAULT_CONF, {"storage.s3.endpoint": "127.0.0.1:9000"})
+    secret = load_config(DEFAULT_CONF, {"storage.s3.secret_key": "hunter2"})
+    assert "hunter2" not in repr(secret), "the secret stays out of logs"

@@ -21,10 +21,10 @@ def test_the_last_committed_batch_counts_not_one_in_flight(tmp_path: Path) -> No
     _batch(tmp_path, 1, '{"in":{"0":9,"1":4}}', committed=True)
     _batch(tmp_path, 2, '{"in":{"0":20,"1":7}}', committed=False)  # planned, not stored
     (tmp_path / "commits" / ".1.crc").write_text("")
-    assert stored_offsets(tmp_path) == {("in", 0): 9, ("in", 1): 4}
+    assert stored_offsets(str(tmp_path)) == {("in", 0): 9, ("in", 1): 4}
 
 
 def test_no_stored_batch_is_no_figure(tmp_path: Path) -> None:
-    assert stored_offsets(tmp_path) is None
+    assert stored_offsets(str(tmp_path)) is None
     _batch(tmp_path, 0, '{"in":{"0":5}}', committed=False)
-    assert stored_offsets(tmp_path) is None
+    assert stored_offsets(str(tmp_path)) is None

@@ -1,0 +1,135 @@
+"""Which store holds a location, and the settings that reach an S3 lakehouse.
+
+An S3 lakehouse's settings (endpoint, region, credentials) are registered with
+:func:`register` for its root, which :func:`engine.lakehouse.layout.layout` does for the
+configuration it is given; what is not set there comes from the standard ``AWS_*``
+environment variables. A registration reaches this process's Spark too (Hadoop's S3A
+settings of the bucket), so Spark's reads and commits go where the engine's own go.
+
+Example:
+    >>> type(store_for("/tmp/lake/_engine/lease/1.json")).__name__
+    'LocalStore'
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from engine.core.errors import SetupError
+from engine.lakehouse.s3 import S3Store
+from engine.lakehouse.store import LocalStore, S3Settings, Store, local_path, split_s3
+
+_LOCK = threading.Lock()
+_SETTINGS: dict[tuple[str, str], S3Settings] = {}  # (bucket, key prefix) -> settings
+_STORES: dict[Any, Store] = {}
+_LOCAL_STORE = LocalStore()
+
+
+def register(root: str, settings: S3Settings) -> None:
+    """Use ``settings`` for the S3 lakehouse at ``root`` and everything under it, here and
+    in this process's Spark, if one runs (Hadoop's S3A settings of its bucket).
+
+    Example:
+        >>> register("s3a://delayq/lh", S3Settings(endpoint="http://127.0.0.1:9000"))
+    """
+    found = split_s3(root)
+    if found is None:
+        return
+    key = (found[0], found[1].rstrip("/"))
+    with _LOCK:
+        changed = _SETTINGS.get(key) != settings
+        _SETTINGS[key] = settings
+    if changed:
+        _tell_spark(found[0], settings_for(root))
+
+
+def s3a_conf(bucket: str, settings: S3Settings) -> dict[str, str]:
+    """Hadoop's S3A settings that reach ``bucket`` as ``settings`` say (per bucket:
+    ``fs.s3a.bucket.<bucket>.*``, so lakehouses in other buckets keep theirs).
+
+    Example:
+        >>> s3a_conf("delayq", S3Settings("http://127.0.0.1:9000"))["fs.s3a.bucket.delayq.endpoint"]
+        'http://127.0.0.1:9000'
+    """
+    prefix = f"fs.s3a.bucket.{bucket}"
+    conf = {
+        f"{prefix}.endpoint.region": settings.region or "us-east-1",
+        f"{prefix}.path.style.access": str(settings.path_style).lower(),
+        # put-if-absent for Delta's commits through Spark (its s3a LogStore asks for it)
+        f"{prefix}.create.conditional.enabled": "true",
+        # the classic input stream: Hadoop 3.5's default (analytics) is new and not needed
+        f"{prefix}.input.stream.type": "classic",
+    }
+    if settings.endpoint:
+        conf[f"{prefix}.endpoint"] = settings.endpoint
+        conf[f"{prefix}.connection.ssl.enabled"] = str(
+            settings.endpoint.startswith("https://")
+        ).lower()
+    if settings.access_key:
+        conf[f"{prefix}.access.key"] = settings.access_key
+        conf[f"{prefix}.secret.key"] = settings.secret_key
+    return conf
+
+
+def _tell_spark(bucket: str, settings: S3Settings) -> None:
+    """Set the bucket's S3A settings in the running Spark, if any (a Spark started later
+    gets them from :func:`engine.lakehouse.session.build_spark`)."""
+    from pyspark import SparkContext
+
+    context = SparkContext._active_spark_context
+    if context is None or context._jsc is None:
+        return
+    hadoop = context._jsc.hadoopConfiguration()
+    for key, value in s3a_conf(bucket, settings).items():
+        hadoop.set(key, value)
+
+
+def settings_for(location: str) -> S3Settings:
+    """The settings that reach ``location`` (an S3 location), resolved.
+
+    Example:
+        >>> settings_for("s3a://delayq/lh/schedule").path_style
+        True
+    """
+    found = split_s3(location)
+    assert found is not None, f"{location} is not an S3 location"
+    bucket, key = found
+    with _LOCK:
+        best = max(
+            (p for (b, p) in _SETTINGS if b == bucket and (not p or f"{key}/".startswith(f"{p}/"))),
+            key=len,
+            default=None,
+        )
+        chosen = _SETTINGS[(bucket, best)] if best is not None else S3Settings()
+    return chosen.resolved()
+
+
+def store_for(location: str) -> Store:
+    """The store that holds ``location``.
+
+    Raises:
+        SetupError: a scheme other than a local path, ``file:``, ``s3a:`` or ``s3:``.
+
+    Example:
+        >>> store_for("file:///lake").exists("file:///lake/nothing/here")
+        False
+    """
+    if local_path(location) is not None:
+        return _LOCAL_STORE
+    found = split_s3(location)
+    if found is None:
+        raise SetupError(
+            f"{location}: the lakehouse must be a local folder, a file:// URI or an "
+            "s3a://bucket/prefix location"
+        )
+    settings = settings_for(location)
+    key = (found[0], settings)
+    with _LOCK:
+        store = _STORES.get(key)
+        if store is None:
+            store = _STORES[key] = S3Store(found[0], settings)
+    return store
+
+
+__all__ = ["register", "s3a_conf", "settings_for", "store_for"]
