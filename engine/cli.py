@@ -532,7 +532,8 @@ def _start_control(cfg: EngineConfig, spark: Any) -> Any:
     # The first Spark reads of the tables take seconds (the engine's own rounds read them
     # with Arrow): run the reading commands once now, so the first a user types is quick too.
     where = ["--set", f"lakehouse.path={cfg.lakehouse_path}",
-             "--set", f"lakehouse.database={cfg.database}"]  # fmt: skip
+             "--set", f"lakehouse.database={cfg.database}",
+             "--set", f"sql.catalog={cfg.sql_catalog}"]  # fmt: skip
     reading = (["status"], ["pending", "--limit", "1"], ["pending", "--topic", "-", "--limit", "1"],
                ["forecast", "--minutes", "1"], ["history", "--id", "-"], ["topics"],
                ["lag"])  # fmt: skip

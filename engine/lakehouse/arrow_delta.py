@@ -76,10 +76,15 @@ def data_file(table: str, path: str) -> str:
         '/lake/schedule/queue_id=1/part-0:1.parquet'
         >>> data_file("s3a://b/lake/schedule", "part-0.parquet")
         's3a://b/lake/schedule/part-0.parquet'
+        >>> data_file("/lake/t", "file:///lake/t/k%3Da%23b/p.parquet")
+        '/lake/t/k=a#b/p.parquet'
     """
     if "://" in path or path.startswith("file:"):
         location = unquote(path)
-        return local_path(location) or location
+        for prefix in ("file://", "file:"):  # (not a URL parse: a name may hold '#' or '?')
+            if location.startswith(prefix):
+                return location[len(prefix) :]
+        return location
     return f"{local_path(table) or table.rstrip('/')}/{unquote(path)}"
 
 

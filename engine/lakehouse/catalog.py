@@ -86,7 +86,7 @@ def register_table(spark: SparkSession, cfg: EngineConfig, name: str, path: str)
             spark.sql(f"DROP VIEW `{database}`.`{name}`")
         elif location is not None and _same_place(location, path):
             return
-        elif kind == "EXTERNAL" and location is not None and not table_exists(location):
+        elif kind == "EXTERNAL" and location is not None and not _still_there(location):
             spark.sql(f"DROP TABLE `{database}`.`{name}`")  # the entry only: it is external
         else:
             where = f" at {location}" if location else ""
@@ -111,6 +111,15 @@ def _entry(spark: SparkSession, database: str, name: str) -> tuple[str | None, s
     uri = uri.get()
     local = uri.getScheme() in (None, "file")
     return str(uri.getPath() if local else uri.toString()), kind
+
+
+def _still_there(location: str) -> bool:
+    """Whether a Delta table still holds ``location`` (one on a store delayq does not read,
+    such as HDFS, counts as gone, as a missing folder does)."""
+    try:
+        return table_exists(location)
+    except SetupError:
+        return False
 
 
 def _same_place(location: str, path: str) -> bool:

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import uuid
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -29,7 +31,7 @@ from urllib.parse import urlparse
 import obstore
 import pyarrow as pa
 import pyarrow.fs as pafs
-from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionError
+from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, PreconditionError
 from obstore.store import S3Store as _Client
 
 from engine.core.errors import SetupError
@@ -75,6 +77,8 @@ class S3Store(Store):
                 if s.access_key:
                     config["access_key_id"] = s.access_key
                     config["secret_access_key"] = s.secret_key
+                if s.session_token:
+                    config["token"] = s.session_token
                 self._client = _Client(
                     self.bucket,
                     config=config,  # type: ignore[arg-type]
@@ -99,6 +103,8 @@ class S3Store(Store):
                 if s.access_key:
                     options["access_key"] = s.access_key
                     options["secret_key"] = s.secret_key
+                if s.session_token:
+                    options["session_token"] = s.session_token
                 options["force_virtual_addressing"] = not s.path_style
                 self._arrow = pafs.S3FileSystem(**options)
             return self._arrow
@@ -139,9 +145,14 @@ class S3Store(Store):
         if s.access_key:
             options["AWS_ACCESS_KEY_ID"] = s.access_key
             options["AWS_SECRET_ACCESS_KEY"] = s.secret_key
+        if s.session_token:
+            options["AWS_SESSION_TOKEN"] = s.session_token
         return options
 
     def check(self, root: str) -> None:
+        """Reach the bucket, and make sure its server honours conditional writes: a server
+        that ignored ``If-None-Match`` would let two writers both commit one version."""
+        where = self.settings.endpoint or "AWS"
         try:
             obstore.list_with_delimiter(self.client, self.key(root).rstrip("/") + "/")
         except Exception as err:  # obstore's errors carry the server's answer
@@ -153,64 +164,92 @@ class S3Store(Store):
                 problem += "AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY)"
             else:
                 problem = text.strip().splitlines()[0][:200]
-            where = self.settings.endpoint or "AWS"
             raise SetupError(f"{root} cannot be reached at {where}: {problem}") from None
+        probe = f"{root.rstrip('/')}/_engine/.put-if-absent-{uuid.uuid4().hex}"
+        try:
+            first = self.create(probe, b"first")
+            second = self.create(probe, b"second")
+        finally:
+            self.delete(probe)
+        if not first or second:
+            raise SetupError(
+                f"{root}: the S3 server at {where} does not honour conditional writes "
+                "(If-None-Match: *), which every commit here needs; use Amazon S3, S3Proxy 4 "
+                "or another server that does"
+            )
 
     # ------------------------------------------------------------------ files
 
     def exists(self, path: str) -> bool:
-        try:
-            obstore.head(self.client, self.key(path))
-            return True
-        except (NotFoundError, FileNotFoundError):
-            return False
+        with _failures(path):
+            try:
+                obstore.head(self.client, self.key(path))
+                return True
+            except (NotFoundError, FileNotFoundError):
+                return False
 
     def read(self, path: str) -> bytes | None:
-        try:
-            return bytes(obstore.get(self.client, self.key(path)).bytes())
-        except (NotFoundError, FileNotFoundError):
-            return None
+        with _failures(path):
+            try:
+                return bytes(obstore.get(self.client, self.key(path)).bytes())
+            except (NotFoundError, FileNotFoundError):
+                return None
 
     def write(self, path: str, data: bytes) -> None:
-        obstore.put(self.client, self.key(path), data)
+        with _failures(path):
+            obstore.put(self.client, self.key(path), data)
 
     def create(self, path: str, data: bytes, *, durable: bool = True) -> bool:
-        try:
-            obstore.put(self.client, self.key(path), data, mode="create")
-            return True
-        except (AlreadyExistsError, PreconditionError, FileExistsError):
-            # Taken: by another writer, or by this very PUT whose answer was lost and which
-            # the client sent again. Only the bytes can tell: the engine's files carry what
-            # makes them unique (an engine id, a commit time, data files named by UUID), and
-            # two writers of the same bytes (one round's plan) mean the same thing.
-            return self.read(path) == data
+        with _failures(path):
+            try:
+                obstore.put(self.client, self.key(path), data, mode="create")
+                return True
+            except (AlreadyExistsError, PreconditionError, FileExistsError):
+                pass
+        # Taken: by another writer, or by this very PUT whose answer was lost and which the
+        # client sent again. Only the bytes can tell (see Store.create).
+        return self.read(path) == data
 
     def names(self, folder: str) -> list[str]:
         prefix = self.key(folder).rstrip("/") + "/"
-        listed = obstore.list_with_delimiter(self.client, prefix)
+        with _failures(folder):
+            listed = obstore.list_with_delimiter(self.client, prefix)
         found = (meta["path"][len(prefix) :] for meta in listed["objects"])
         return sorted(n for n in found if n and "/" not in n and not n.startswith((".", "_")))
 
     def folders(self, folder: str) -> list[str]:
         prefix = self.key(folder).rstrip("/") + "/"
-        listed = obstore.list_with_delimiter(self.client, prefix)
+        with _failures(folder):
+            listed = obstore.list_with_delimiter(self.client, prefix)
         return sorted(p[len(prefix) :].rstrip("/") for p in listed["common_prefixes"])
 
     def delete(self, path: str) -> None:
-        with contextlib.suppress(NotFoundError, FileNotFoundError):
+        with _failures(path), contextlib.suppress(NotFoundError, FileNotFoundError):
             obstore.delete(self.client, self.key(path))
 
     def identity(self, path: str) -> tuple[Any, ...] | None:
-        try:
-            meta = obstore.head(self.client, self.key(path))
-        except (NotFoundError, FileNotFoundError):
-            return None
+        with _failures(path):
+            try:
+                meta = obstore.head(self.client, self.key(path))
+            except (NotFoundError, FileNotFoundError):
+                return None
         return meta["e_tag"], meta["last_modified"], meta["size"]
 
     def write_parquet(self, path: str, rows: pa.Table) -> int:
         data = parquet_bytes(rows)
-        obstore.put(self.client, self.key(path), data)
+        self.write(path, data)
         return len(data)
+
+
+@contextlib.contextmanager
+def _failures(path: str) -> Iterator[None]:
+    """The S3 client's failures (the server unreachable, an error answer) as ``OSError``,
+    as a local disk's are: callers that retry a storage failure retry these too."""
+    try:
+        yield
+    except BaseError as err:
+        first = (str(err).strip().splitlines() or [type(err).__name__])[0][:300]
+        raise OSError(f"{path}: {first}") from err
 
 
 __all__ = ["S3Store"]

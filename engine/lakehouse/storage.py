@@ -13,12 +13,15 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import threading
 from typing import Any
 
 from engine.core.errors import SetupError
 from engine.lakehouse.s3 import S3Store
 from engine.lakehouse.store import LocalStore, S3Settings, Store, local_path, split_s3
+
+log = logging.getLogger(__name__)
 
 _LOCK = threading.Lock()
 _SETTINGS: dict[tuple[str, str], S3Settings] = {}  # (bucket, key prefix) -> settings
@@ -30,6 +33,10 @@ def register(root: str, settings: S3Settings) -> None:
     """Use ``settings`` for the S3 lakehouse at ``root`` and everything under it, here and
     in this process's Spark, if one runs (Hadoop's S3A settings of its bucket).
 
+    The first registration of a root holds for the process: a command an engine carries
+    out for a client builds a configuration of its own, and must not move the engine's
+    lakehouse to other settings (another endpoint) under it.
+
     Example:
         >>> register("s3a://delayq/lh", S3Settings(endpoint="http://127.0.0.1:9000"))
     """
@@ -38,10 +45,13 @@ def register(root: str, settings: S3Settings) -> None:
         return
     key = (found[0], found[1].rstrip("/"))
     with _LOCK:
-        changed = _SETTINGS.get(key) != settings
-        _SETTINGS[key] = settings
-    if changed:
+        known = _SETTINGS.get(key)
+        if known is None:
+            _SETTINGS[key] = settings
+    if known is None:
         _tell_spark(found[0], settings_for(root))
+    elif known != settings:
+        log.info("%s keeps the storage settings it was first given", root)
 
 
 def s3a_conf(bucket: str, settings: S3Settings) -> dict[str, str]:
@@ -69,6 +79,11 @@ def s3a_conf(bucket: str, settings: S3Settings) -> dict[str, str]:
     if settings.access_key:
         conf[f"{prefix}.access.key"] = settings.access_key
         conf[f"{prefix}.secret.key"] = settings.secret_key
+    if settings.session_token:
+        conf[f"{prefix}.session.token"] = settings.session_token
+        conf[f"{prefix}.aws.credentials.provider"] = (
+            "org.apache.hadoop.fs.s3a.TemporaryAWSCredentialsProvider"
+        )
     return conf
 
 

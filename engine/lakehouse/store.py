@@ -27,7 +27,7 @@ import io
 import os
 import uuid
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
@@ -80,13 +80,15 @@ class S3Settings:
         secret_key: the secret key (``AWS_SECRET_ACCESS_KEY``).
         path_style: address buckets in the path (``http://host/bucket/key``), as S3Proxy
             and most S3-compatible servers need, instead of as a host name.
+        session_token: the session token of temporary credentials (``AWS_SESSION_TOKEN``).
     """
 
     endpoint: str = ""
     region: str = ""
     access_key: str = ""
-    secret_key: str = ""
+    secret_key: str = field(default="", repr=False)
     path_style: bool = True
+    session_token: str = field(default="", repr=False)
 
     def resolved(self) -> S3Settings:
         """These settings with the environment filling what is empty.
@@ -104,6 +106,8 @@ class S3Settings:
             access_key=self.access_key or env.get("AWS_ACCESS_KEY_ID", ""),
             secret_key=self.secret_key or env.get("AWS_SECRET_ACCESS_KEY", ""),
             path_style=self.path_style,
+            session_token=self.session_token
+            or ("" if self.access_key else env.get("AWS_SESSION_TOKEN", "")),
         )
 
 

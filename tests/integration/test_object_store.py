@@ -122,3 +122,23 @@ def test_a_missing_bucket_or_refused_credentials_fail_at_start_naming_them(
     refused = s3_cfg(make_cfg, s3, s3_secret_key="not-the-secret")
     with pytest.raises(SetupError, match="credentials were refused"):
         ensure_tables(spark, refused)
+
+
+def test_a_server_that_ignores_conditional_writes_is_refused_at_start(
+    spark: SparkSession, make_cfg: Any, s3: Server, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A server (or a gateway before it) that drops ``If-None-Match`` would let two writers
+    both commit one version: the start-up probe finds out."""
+    import obstore
+
+    from engine.lakehouse import s3 as s3_store
+
+    real_put = obstore.put
+
+    def unconditional(store: Any, path: str, data: Any, **options: Any) -> Any:
+        options.pop("mode", None)  # what such a server does with the precondition
+        return real_put(store, path, data, **options)
+
+    monkeypatch.setattr(s3_store.obstore, "put", unconditional)
+    with pytest.raises(SetupError, match="does not honour conditional writes"):
+        ensure_tables(spark, s3_cfg(make_cfg, s3))

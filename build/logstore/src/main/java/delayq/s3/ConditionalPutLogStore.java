@@ -55,18 +55,20 @@ public class ConditionalPutLogStore extends HadoopFileSystemLogStore {
       }
       return;
     }
-    FSDataOutputStream out = (FSDataOutputStream) fs.createFile(path)
-        .overwrite(false)
-        .recursive()
-        .must(CONDITIONAL_OVERWRITE, true)
-        .build();
+    FSDataOutputStream out = null;
     boolean closed = false;
     try {
+      // S3A may already find the file while building the stream (FileAlreadyExistsException)
+      out = (FSDataOutputStream) fs.createFile(path)
+          .overwrite(false)
+          .recursive()
+          .must(CONDITIONAL_OVERWRITE, true)
+          .build();
       out.write(body);
       closed = true;   // close() runs the PUT (If-None-Match: *); on failure nothing is stored
       out.close();
     } catch (IOException e) {
-      if (!closed) {
+      if (out != null && !closed) {
         out.abort();   // never upload a partial object
       }
       if (isAlreadyExists(e)) {
