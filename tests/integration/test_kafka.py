@@ -18,15 +18,18 @@ from engine.core.config import EngineConfig
 from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.layout import layout
 from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.storage import store_for
 from engine.produce.ingest_lag import ingest_lag
 from engine.produce.kafka_client import DelayedProducer
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from engine.run.metrics import query_figures
 from jobs.tools.broker import Broker, BrokerError, start
+from jobs.tools.objectstore import Server
 from tests.support.crash import Crash, crash_after_writes
 from tests.support.kafka import consume, free_port, ingest, kafka_broker, kafka_cfg, produce, rows
 from tests.support.lakehouse import START
+from tests.support.objectstore import s3_cfg
 from tests.support.process import PROPS, VENV_BIN
 
 pytestmark = pytest.mark.integration
@@ -101,12 +104,19 @@ def test_ingest_reads_every_header_form_and_quarantines_bad_headers(
     assert refused["dup2"].startswith("duplicate: msg_id order-7 was already stored at")
 
 
+@pytest.mark.parametrize("where", ["local", "s3"])
 def test_ingest_restart_and_replayed_batch_store_nothing_twice(
-    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock, s3: Server, where: str
 ) -> None:
     topic = f"in_{uuid.uuid4().hex[:6]}"
-    cfg = kafka_cfg(
-        make_cfg, kafka, kafka_ingest_topics=(topic,), kafka_topic_map={topic: "orders"}
+    settings: dict[str, Any] = {
+        "kafka_ingest_topics": (topic,),
+        "kafka_topic_map": {topic: "orders"},
+    }
+    cfg = (
+        kafka_cfg(make_cfg, kafka, **settings)
+        if where == "local"
+        else s3_cfg(lambda **more: kafka_cfg(make_cfg, kafka, **settings, **more), s3)
     )
     produce(kafka, topic, [(None, f"m{i}".encode(), []) for i in range(5)])
     ingest(spark, cfg, clock)
@@ -115,10 +125,11 @@ def test_ingest_restart_and_replayed_batch_store_nothing_twice(
     assert len(rows(spark, layout(cfg).commitlog)) == 8
 
     # a crash after the batch was stored but before Spark recorded it: the restart replays it
-    commits = Path(layout(cfg).checkpoint("kafka_ingest")) / "commits"
-    last = max(commits.iterdir(), key=lambda p: int(p.name) if p.name.isdigit() else -1)
-    last.unlink()
-    (commits / f".{last.name}.crc").unlink(missing_ok=True)
+    commits = f"{layout(cfg).checkpoint('kafka_ingest')}/commits"
+    store = store_for(commits)
+    last = max((n for n in store.names(commits) if n.isdigit()), key=int)
+    store.delete(f"{commits}/{last}")
+    store.delete(f"{commits}/.{last}.crc")
     produce(kafka, topic, [(None, b"later", [])])
     ingest(spark, cfg, clock)
     ingest(spark, cfg, clock)
