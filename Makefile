@@ -43,9 +43,9 @@ $(VENV)/.installed: pyproject.toml
 
 jars: $(SPARK_PROPS) ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore
 
-LOGSTORE_SRC := $(shell find build/logstore/src -name '*.java')
+JVM_SRC := $(shell find build/jvm/src -name '*.java')
 
-$(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/logstore/pom.xml $(LOGSTORE_SRC) Makefile
+$(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/jvm/pom.xml $(JVM_SRC) Makefile
 	@command -v java >/dev/null || { echo "error: java not found: install a JDK 17 (apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	@v=$$(java -version 2>&1 | awk -F'"' '/version/ {print $$2}' | cut -d. -f1); \
 	  [ "$${v:-0}" -ge 17 ] 2>/dev/null || { echo "error: Java $$v found, Spark 4 needs Java 17 or newer: install openjdk-17-jdk-headless"; exit 1; }
@@ -53,14 +53,14 @@ $(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/logstore/pom.xml $(LOGSTOR
 	@rm -rf $(JARS) && mkdir -p $(JARS)
 	mvn -q -B -f build/pom.xml dependency:copy-dependencies -DexcludeTransitive=true -DoutputDirectory=$(abspath $(JARS))
 	mvn -q -B -f build/s3a/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(JARS))
-	mvn -q -B -f build/logstore/pom.xml package -DbuildDir=$(abspath $(JARS))/logstore-build
-	@cp $(JARS)/logstore-build/delayq-s3-logstore-*.jar $(JARS)/
+	mvn -q -B -f build/jvm/pom.xml package -DbuildDir=$(abspath $(JARS))/jvm-build
+	@cp $(JARS)/jvm-build/delayq-jvm-*.jar $(JARS)/
 	@{ echo "# Written by 'make jars': pass to spark-submit with --properties-file"; \
 	   echo "spark.jars $$(ls $(abspath $(JARS))/*.jar | paste -sd, -)"; \
 	   echo "spark.sql.extensions io.delta.sql.DeltaSparkSessionExtension"; \
 	   echo "spark.sql.catalog.spark_catalog org.apache.spark.sql.delta.catalog.DeltaCatalog"; \
 	   echo "spark.sql.session.timeZone UTC"; \
-	   echo "# Delta's commits on s3a:// with S3's conditional PUT, safe with several writers (build/logstore)"; \
+	   echo "# Delta's commits on s3a:// with S3's conditional PUT, safe with several writers (build/jvm)"; \
 	   echo "spark.delta.logStore.s3a.impl delayq.s3.ConditionalPutLogStore"; \
 	   echo "# Delta on the driver's own class path too: the SQL endpoint's JDBC sessions need it"; \
 	   echo "spark.driver.extraClassPath $$(ls $(abspath $(JARS))/*.jar | paste -sd: -)"; \

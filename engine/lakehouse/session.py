@@ -45,7 +45,7 @@ DELTA_CONF = {
     "spark.log.structuredLogging.enabled": "false",
     # Delta's commits on s3a:// with S3's conditional PUT, safe with several writers (as the
     # engine's own commits are); Delta's default there is safe with one driver only. The
-    # class is built by `make jars` (build/logstore). Read when the Spark starts.
+    # class is built by `make jars` (build/jvm). Read when the Spark starts.
     "spark.delta.logStore.s3a.impl": "delayq.s3.ConditionalPutLogStore",
 }
 
