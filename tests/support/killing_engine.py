@@ -68,10 +68,9 @@ def arm(point: str, nth: int) -> None:
     ) -> None:
         progress = not planned and self.path.endswith("delay_offset")  # not a stamping plan
         if point == "offset-temp" and progress and next(seen) == nth:
-            temp = self._jvm.org.apache.hadoop.fs.Path(self._dir, f".tmp-{uuid.uuid4().hex}")
-            stream = self._fs.create(temp, True)
-            stream.write(bytearray(b'{"queue_id": 1, "sta'))  # cut short
-            stream.hsync()
+            # what a kill in the middle of put-if-absent leaves: a hidden temporary file
+            temp = f"{self.path}/.tmp-{uuid.uuid4().hex}"
+            self.store.write(temp, b'{"queue_id": 1, "sta')  # cut short
             die(point)
         offset_write(self, round_, rows, planned, exclusive)
         if point == "plan" and planned:
