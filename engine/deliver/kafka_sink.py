@@ -24,7 +24,6 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -41,17 +40,17 @@ from engine.lakehouse.storage import store_for
 #: Bounds on how long one write may block on an unreachable broker (Kafka's defaults are
 #: 60 s and 120 s); the round then fails and is retried with back-off.
 PRODUCER_TIMEOUTS = {
-    "kafka.max.block.ms": "20000",
-    "kafka.request.timeout.ms": "20000",  # + linger.ms must stay within delivery.timeout.ms
-    "kafka.delivery.timeout.ms": "30000",
+    "max.block.ms": "20000",
+    "request.timeout.ms": "20000",  # + linger.ms must stay within delivery.timeout.ms
+    "delivery.timeout.ms": "30000",
 }
 #: A round sends its records at once: batches of 1 MiB (Kafka's default is 16 KiB) more than
 #: halved the time a round of 100,000 records took to reach the broker. 256 KiB keeps most
 #: of that while 256 partitions' batches fit the 64 MiB buffer (a full buffer blocks sends).
 PRODUCER_BATCHING = {
-    "kafka.batch.size": "262144",
-    "kafka.linger.ms": "5",
-    "kafka.buffer.memory": "67108864",
+    "batch.size": "262144",
+    "linger.ms": "5",
+    "buffer.memory": "67108864",
 }
 
 _HEADERS = pa.list_(pa.struct([("key", pa.string()), ("value", pa.binary())]))
@@ -123,6 +122,56 @@ def kafka_records(rows: pa.Table, kafka_topic: str) -> pa.Table:
     )
 
 
+def producer_settings(cfg: EngineConfig, **more: str) -> dict[str, str]:
+    """An idempotent producer's settings (``acks=all``), with the bounds and batching above.
+
+    Example:
+        >>> producer_settings(EngineConfig())["enable.idempotence"]
+        'true'
+    """
+    return {
+        "bootstrap.servers": cfg.kafka_bootstrap,
+        "acks": "all",
+        "enable.idempotence": "true",
+        **PRODUCER_TIMEOUTS,
+        **PRODUCER_BATCHING,
+        **more,
+    }
+
+
+class _JvmSender:
+    """The driver JVM's sender (``delayq.kafka.ArrowRecordSender``): records go there as an
+    Arrow stream in a temporary file (no copy through the Python-JVM bridge)."""
+
+    def __init__(self, spark: SparkSession, settings: dict[str, str]) -> None:
+        view = jvm(spark)
+        java_settings = view.java.util.HashMap()
+        for key, value in settings.items():
+            java_settings.put(key, value)
+        self._sender = view.delayq.kafka.ArrowRecordSender(java_settings)
+
+    def open(self) -> None:
+        """Make the producer now (a transactional one aborts what an earlier one left)."""
+        self._sender.open()
+
+    def send(self, topic: str, rows: pa.Table, marker: tuple[bytes, bytes] | None) -> None:
+        """Send the records (and, in the same transaction, the marker) and wait for all."""
+        records = kafka_records(rows, topic).select(["key", "value", "headers"])
+        handle, path = tempfile.mkstemp(prefix="delayq-kafka-", suffix=".arrows")
+        try:
+            with os.fdopen(handle, "wb") as out, pa.ipc.new_stream(out, records.schema) as ipc:
+                ipc.write_table(records)
+            if marker is None:
+                self._sender.send(topic, path)
+            else:
+                key, value = marker
+                self._sender.sendTransaction(
+                    topic, path, MARKERS_TOPIC, bytearray(key), bytearray(value)
+                )
+        finally:
+            os.remove(path)
+
+
 class KafkaTopicSink:
     """A Kafka topic named like the topic table, at least once across crashes.
 
@@ -137,6 +186,7 @@ class KafkaTopicSink:
         self.cfg = cfg
         # Per delivery checkpoint: a new checkpoint starts its rounds again from 0.
         self.markers = f"{layout.checkpoint('kafka_sink')}/{checkpoint_id}"
+        self._sender: _JvmSender | None = None
 
     def written(self, round_: int, table: str) -> bool:
         """Whether round ``round_`` finished its write to Kafka topic ``table``."""
@@ -148,25 +198,9 @@ class KafkaTopicSink:
 
         Only the round in progress can be replayed, so the topic's older markers are removed.
         """
-        records = kafka_records(rows, table).select(["key", "value", "headers"])
-        settings = {
-            "bootstrap.servers": self.cfg.kafka_bootstrap,
-            "acks": "all",
-            "enable.idempotence": "true",
-            **{k.removeprefix("kafka."): v for k, v in PRODUCER_TIMEOUTS.items()},
-            **{k.removeprefix("kafka."): v for k, v in PRODUCER_BATCHING.items()},
-        }
-        view = jvm(self.spark)
-        java_settings = view.java.util.HashMap()
-        for key, value in settings.items():
-            java_settings.put(key, value)
-        handle, path = tempfile.mkstemp(prefix="delayq-kafka-", suffix=".arrows")
-        try:
-            with os.fdopen(handle, "wb") as out, pa.ipc.new_stream(out, records.schema) as ipc:
-                ipc.write_table(records)
-            view.delayq.kafka.ArrowRecordSender.send(java_settings, table, path)
-        finally:
-            os.remove(path)
+        if self._sender is None:
+            self._sender = _JvmSender(self.spark, producer_settings(self.cfg))
+        self._sender.send(table, rows, marker=None)
         store = store_for(self.markers)
         name = f"{round_:020d}-{table}"
         store.write(f"{self.markers}/{name}", b"")
@@ -187,48 +221,41 @@ class TransactionalKafkaSink:
     """A Kafka topic named like the topic table, exactly once for ``read_committed`` readers
     (``kafka.exactly_once = true``).
 
-    Each round's records of a topic go out in one Kafka transaction (kafka-python's
-    transactional producer, ``transactional.id = delayq-<checkpoint>-<topic>``) together
-    with a marker record in :data:`MARKERS_TOPIC` naming the round, so the records and the
-    marker commit together or not at all. A replay reads the markers (``read_committed``) and
-    skips a topic whose marker reached the round; starting the producers first aborts any
-    transaction a crashed engine left open, and fences a paused one (its commit fails).
-    Consumers that read with ``isolation.level=read_committed`` see each record once;
-    ``read_uncommitted`` ones may also see an aborted attempt.
+    Each round's records of a topic go out in one Kafka transaction (from the driver's JVM,
+    ``transactional.id = delayq-<checkpoint>-<topic>``) together with a marker record in
+    :data:`MARKERS_TOPIC` naming the round, so the records and the marker commit together or
+    not at all. A replay reads the markers (``read_committed``) and skips a topic whose marker
+    reached the round; starting the producers first aborts any transaction a crashed engine
+    left open, and fences a paused one (its commit fails). Consumers that read with
+    ``isolation.level=read_committed`` see each record once; ``read_uncommitted`` ones may also
+    see an aborted attempt.
     """
 
     def __init__(
         self, spark: SparkSession, cfg: EngineConfig, layout: Layout, checkpoint_id: str
     ) -> None:
+        self.spark = spark
         self.cfg = cfg
         self.checkpoint_id = checkpoint_id
-        self._producers: dict[str, Any] = {}
+        self._senders: dict[str, _JvmSender] = {}
         self._done: dict[str, int] | None = None
         self._lock = threading.Lock()
 
     def _key(self, table: str) -> str:
         return f"{self.checkpoint_id}/{table}"
 
-    def _producer(self, table: str) -> Any:
-        from kafka import KafkaProducer
-
+    def _sender(self, table: str) -> _JvmSender:
         with self._lock:
-            if table not in self._producers:
-                producer = KafkaProducer(
-                    bootstrap_servers=self.cfg.kafka_bootstrap,
-                    transactional_id=f"delayq-{self.checkpoint_id}-{table}",
-                    acks="all",
-                    enable_idempotence=True,
-                    linger_ms=5,
-                    batch_size=262144,
-                    max_block_ms=20000,
-                    request_timeout_ms=20000,
-                )
-                if not self._producers:
+            if table not in self._senders:
+                if not self._senders:
                     ensure_markers_topic(self.cfg.kafka_bootstrap)
-                producer.init_transactions()  # aborts what an earlier producer left open
-                self._producers[table] = producer
-            return self._producers[table]
+                settings = producer_settings(
+                    self.cfg, **{"transactional.id": f"delayq-{self.checkpoint_id}-{table}"}
+                )
+                sender = _JvmSender(self.spark, settings)
+                sender.open()  # aborts what an earlier producer left open, fences it
+                self._senders[table] = sender
+            return self._senders[table]
 
     def _kafka_tables(self) -> list[str]:
         return sorted(t for t, sink in self.cfg.kafka_sinks.items() if sink in ("kafka", "both"))
@@ -237,38 +264,16 @@ class TransactionalKafkaSink:
         """Whether round ``round_``'s transaction to ``table`` committed (its marker)."""
         if self._done is None:
             for name in self._kafka_tables():  # fence them all: no open transaction is left
-                self._producer(name)
+                self._sender(name)
             self._done = read_markers(self.cfg.kafka_bootstrap, MARKERS_READ_S)
         return self._done.get(self._key(table), -1) >= round_
 
     def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         """Send the round's records of ``table`` and its marker in one transaction."""
-        producer = self._producer(table)
-        records = kafka_records(rows, table).to_pylist()
-        producer.begin_transaction()
-        try:
-            for record in records:
-                headers = [(h["key"], h["value"]) for h in record["headers"]]
-                producer.send(table, key=record["key"], value=record["value"], headers=headers)
-            marker = str(round_).encode("ascii")
-            producer.send(MARKERS_TOPIC, key=self._key(table).encode("utf-8"), value=marker)
-            producer.commit_transaction()
-        except BaseException:
-            with self._lock:
-                self._producers.pop(table, None)  # a new one aborts what this one left
-            with contextlib.suppress(Exception):
-                producer.close(timeout=1)
-            raise
+        marker = (self._key(table).encode("utf-8"), str(round_).encode("ascii"))
+        self._sender(table).send(table, rows, marker)
         if self._done is not None:
             self._done[self._key(table)] = round_
-
-    def close(self) -> None:
-        """Close the producers."""
-        with self._lock:
-            producers, self._producers = list(self._producers.values()), {}
-        for producer in producers:
-            with contextlib.suppress(Exception):
-                producer.close(timeout=5)
 
 
 def ensure_markers_topic(bootstrap: str) -> None:
