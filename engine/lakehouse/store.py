@@ -220,25 +220,11 @@ class LocalStore(Store):
 
     def write(self, path: str, data: bytes) -> None:
         final = _local(path)
-        folder = os.path.dirname(final)
-        os.makedirs(folder, exist_ok=True)
-        temp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
-        with open(temp, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temp, final)
+        os.replace(_hidden_copy(final, data, durable=True), final)
 
     def create(self, path: str, data: bytes, *, durable: bool = True) -> bool:
         final = _local(path)
-        folder = os.path.dirname(final)
-        os.makedirs(folder, exist_ok=True)
-        temp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
-        with open(temp, "wb") as out:
-            out.write(data)
-            if durable:
-                out.flush()
-                os.fsync(out.fileno())
+        temp = _hidden_copy(final, data, durable=durable)
         try:
             os.link(temp, final)
             return True
@@ -303,6 +289,20 @@ _LOCAL_FS = pafs.LocalFileSystem()
 _NO_LINKS = (errno.EPERM, errno.ENOTSUP, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK)
 _RENAME_NOREPLACE = 1
 _AT_FDCWD = -100
+
+
+def _hidden_copy(final: str, data: bytes, *, durable: bool) -> str:
+    """``data`` in a new hidden file beside ``final`` (flushed to the device if ``durable``);
+    its path."""
+    folder = os.path.dirname(final)
+    os.makedirs(folder, exist_ok=True)
+    temp = os.path.join(folder, f".tmp-{uuid.uuid4().hex}")
+    with open(temp, "wb") as out:
+        out.write(data)
+        if durable:
+            out.flush()
+            os.fsync(out.fileno())
+    return temp
 
 
 def _local(location: str) -> str:
