@@ -10,6 +10,7 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
+from engine.cli import main
 from engine.consume.consumer import Consumer
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
@@ -92,8 +93,8 @@ def test_spark_and_driver_side_producers_commit_together_and_lose_nothing(
     assert len({h["version"] for h in history}) == 1 + 8 + 3, "every commit kept its version"
 
 
-def test_a_consumer_reads_and_commits_on_the_bucket(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+def test_a_consumer_reads_and_commits_on_the_bucket_and_status_counts_it(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, capsys: pytest.CaptureFixture[str]
 ) -> None:
     ids = send_many(spark, cfg, [Message("orders", f"c{i}") for i in range(6)], clock)
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
@@ -111,6 +112,16 @@ def test_a_consumer_reads_and_commits_on_the_bucket(
         consumer.ack()
         consumer.commit()
     assert sorted(got) == sorted(ids), "each message handed out once across the restart"
+    engine.stop()
+    capsys.readouterr()
+    # `delayq status` with configuration only: the path, the catalog, the levels
+    status = main(["status", "--set", f"lakehouse.path={cfg.lakehouse}", "--set",
+                   "sql.catalog=memory", "--set", "levels.delays=1s 2s 3s", "--set",
+                   f"lakehouse.database={cfg.database}"])  # fmt: skip
+    printed = capsys.readouterr().out
+    assert status == 0, printed
+    assert "sent        6" in printed and "to stamp    0" in printed, printed
+    assert "engine      none running (the last: host" in printed and "stopped)" in printed
 
 
 def test_a_missing_bucket_or_refused_credentials_fail_at_start_naming_them(
