@@ -334,8 +334,10 @@ def _id_lines(path: str) -> list[tuple[int, str, str | None]]:
 
 def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq send``: print the id of every message sent."""
+    from pyspark.sql import SparkSession
+
     from engine.lakehouse.session import build_spark
-    from engine.produce.send import send_many
+    from engine.produce.send import commitlog_ready, send_many
 
     if args.file:
         messages = _messages_from_file(args.file, cfg)
@@ -356,7 +358,10 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 "msg_id": args.id,
             }
         ]
-    spark = build_spark(cfg.with_overrides(register_tables=False))
+    spark = None  # an existing commitlog takes the commit from here, without a JVM
+    if SparkSession.getActiveSession() is not None or not commitlog_ready(cfg):
+        note_local_spark(cfg)
+        spark = build_spark(cfg.with_overrides(register_tables=False))
     for msg_id in send_many(spark, cfg, messages):
         print(msg_id)
     return 0
@@ -893,11 +898,18 @@ def _dispatch(args: argparse.Namespace, raw: list[str]) -> int:
         code = _in_engine(args, raw, cfg)
         if code is not None:
             return code
-        from pyspark.sql import SparkSession
-
-        if SparkSession.getActiveSession() is None:
-            print(LOCAL_NOTE.format(lakehouse=cfg.lakehouse_path), file=sys.stderr)
+        if args.command != "send":  # it says so itself when it needs a Spark
+            note_local_spark(cfg)
     return COMMANDS[args.command](args, cfg)
+
+
+def note_local_spark(cfg: EngineConfig) -> None:
+    """Say once on standard error that this command starts a Spark of its own (none when it
+    runs in an engine's, or a caller's, session)."""
+    from pyspark.sql import SparkSession
+
+    if SparkSession.getActiveSession() is None:
+        print(LOCAL_NOTE.format(lakehouse=cfg.lakehouse_path), file=sys.stderr)
 
 
 def _in_engine(args: argparse.Namespace, raw: list[str], cfg: EngineConfig) -> int | None:

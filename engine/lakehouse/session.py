@@ -68,7 +68,14 @@ def jar_paths(cfg: EngineConfig) -> list[str]:
 
 
 def require_java() -> None:
-    """Fail with one clear line when no Java runtime can be found."""
+    """Fail with one clear line when no Java runtime can be found (Spark's launcher takes
+    ``$JAVA_HOME/bin/java`` whenever JAVA_HOME is set, before the PATH's)."""
+    home = os.environ.get("JAVA_HOME")
+    if home and not _java_home_ok():
+        raise SetupError(
+            f"JAVA_HOME={home} holds no bin/java: point it at a JDK 17, or unset it to use "
+            "the `java` on PATH"
+        )
     if not shutil.which("java") and not _java_home_ok():
         raise SetupError(
             "Java not found: install a JDK 17 (e.g. `apt-get install openjdk-17-jdk-headless`)"

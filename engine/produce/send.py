@@ -8,7 +8,8 @@ time).
 
 :func:`send`, :func:`send_many` and :func:`send_arrow` commit from the driver with delta-rs
 (a few milliseconds, no Spark job); :func:`send_df` runs Spark jobs, for DataFrames too large
-for the driver.
+for the driver. Once ``commitlog`` exists, :func:`send_many` needs no Spark session at all
+(``spark=None``): ``delayq send`` starts no JVM.
 
 Example:
     >>> send(spark, cfg, "orders", b'{"id": 1}', keys=["order-1"], delay_level=3)  # doctest: +SKIP
@@ -37,7 +38,7 @@ from pyspark.sql import functions as F
 from engine.core.arrow_checks import rejection_reasons
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
-from engine.core.errors import InvalidMessageError
+from engine.core.errors import InvalidMessageError, SetupError
 from engine.core.message import (
     Message,
     message_from_mapping,
@@ -45,21 +46,43 @@ from engine.core.message import (
     rejection_reason,
     validate,
 )
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import append
+from engine.lakehouse.arrow_delta import ArrowDelta, columns
+from engine.lakehouse.delta_log import append, table_exists
+from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
 from schemas import COMMITLOG, column_names
 
-__all__ = ["Message", "send", "send_arrow", "send_df", "send_many"]
+__all__ = ["Message", "commitlog_ready", "send", "send_arrow", "send_df", "send_many"]
 
 #: Columns ``send_arrow`` takes as timestamps only (an integer could be ms, s or us).
 _TIMES = ("born_ts", "deliver_at")
 
 
-def _commitlog(spark: SparkSession, cfg: EngineConfig) -> ArrowDelta:
+def commitlog_ready(cfg: EngineConfig) -> bool:
+    """Whether ``commitlog`` exists with every column this version writes, so that
+    :func:`send_many` needs no Spark session (only a new or older lakehouse does).
+
+    Example:
+        >>> commitlog_ready(EngineConfig(lakehouse="/nowhere/at/all"))
+        False
+    """
+    path = layout(cfg).commitlog
+    return table_exists(path) and set(column_names(COMMITLOG)) <= set(columns(path))
+
+
+def _commitlog(spark: SparkSession | None, cfg: EngineConfig) -> ArrowDelta:
     """The process's handle on ``commitlog`` (kept: opening one reads the whole table state,
-    an append through a kept one writes the next log version at any table size)."""
-    path = ensure_tables(spark, cfg, migrate=False).commitlog
+    an append through a kept one writes the next log version at any table size). Without a
+    session the table must be there already (:func:`commitlog_ready`)."""
+    if spark is not None:
+        path = ensure_tables(spark, cfg, migrate=False).commitlog
+    elif commitlog_ready(cfg):
+        path = layout(cfg).commitlog
+    else:
+        raise SetupError(
+            f"{layout(cfg).commitlog} is missing or made by an older version: "
+            "send with a Spark session once (or start the engine) to create it"
+        )
     with _HANDLES_LOCK:
         if path not in _HANDLES:
             _HANDLES[path] = ArrowDelta(path)
@@ -81,7 +104,7 @@ os.register_at_fork(after_in_child=_forget_handles)
 
 
 def send_many(
-    spark: SparkSession,
+    spark: SparkSession | None,
     cfg: EngineConfig,
     messages: Iterable[Message | Mapping[str, Any]],
     clock: Clock | None = None,
@@ -91,7 +114,8 @@ def send_many(
     """Validate and append messages to ``commitlog`` in one commit.
 
     Args:
-        spark: a Delta-enabled session.
+        spark: a Delta-enabled session; None when ``commitlog`` exists already
+            (:func:`commitlog_ready`): the commit needs no Spark.
         cfg: engine configuration (lakehouse, max body size).
         messages: :class:`Message` objects or dicts with the same fields.
         clock: source of ``store_ts`` (and of ``born_ts`` when not given).
@@ -103,6 +127,7 @@ def send_many(
 
     Raises:
         InvalidMessageError: when any message is bad; nothing is written then.
+        SetupError: without a session, when ``commitlog`` is not there to append to.
     """
     clock = clock or SystemClock()
     store_ts = clock.now()

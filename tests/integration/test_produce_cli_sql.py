@@ -211,6 +211,35 @@ def test_cli_help_is_available_without_spark() -> None:
     assert "--level" in done.stdout and "--file" in done.stdout
 
 
+def test_cli_send_to_an_existing_commitlog_starts_no_jvm(
+    spark: SparkSession, cfg: EngineConfig, tmp_path: Path
+) -> None:
+    first = send(spark, cfg, "orders", "made the tables")
+    exe = Path(sys.executable).with_name("delayq")
+    # No Java at all: a Spark would fail to start, the commit from the command itself does not.
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "JAVA_HOME": str(tmp_path / "none")}
+    done = subprocess.run(
+        [str(exe), "send", "--set", f"lakehouse.path={cfg.lakehouse}", "--set",
+         "levels.delays=1s 2s 3s", "--topic", "orders", "--body", "no spark", "--id", "k-1"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "k-1\n" and "starting a Spark" not in done.stderr, done.stderr
+    rows = commitlog(spark, cfg).select("msg_id", F.col("body").cast("string")).collect()
+    assert sorted((r[0], r[1]) for r in rows) == sorted(
+        [(first, "made the tables"), ("k-1", "no spark")]
+    )
+    # A new lakehouse still needs a Spark to create its tables: the command says so.
+    done = subprocess.run(
+        [str(exe), "send", "--set", f"lakehouse.path={tmp_path / 'new'}", "--topic", "orders",
+         "--body", "x"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 2 and "starting a Spark for this command" in done.stderr
+    assert f"JAVA_HOME={tmp_path / 'none'} holds no bin/java" in done.stderr, done.stderr
+    assert "internal error" not in done.stderr
+
+
 def test_topics_are_queryable_by_name_from_another_session(
     spark: SparkSession, make_cfg: Any, clock: FakeClock
 ) -> None:
