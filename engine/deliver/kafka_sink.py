@@ -154,6 +154,10 @@ class _JvmSender:
         """Make the producer now (a transactional one aborts what an earlier one left)."""
         self._sender.open()
 
+    def close(self) -> None:
+        """Close the producer (its network thread stops; a later send makes a new one)."""
+        self._sender.close()
+
     def send(self, topic: str, rows: pa.Table, marker: tuple[bytes, bytes] | None) -> None:
         """Send the records (and, in the same transaction, the marker) and wait for all."""
         records = kafka_records(rows, topic).select(["key", "value", "headers"])
@@ -192,6 +196,12 @@ class KafkaTopicSink:
         """Whether round ``round_`` finished its write to Kafka topic ``table``."""
         location = f"{self.markers}/{round_:020d}-{table}"
         return store_for(location).exists(location)
+
+    def close(self) -> None:
+        """Close the producer, if one was made."""
+        if self._sender is not None:
+            self._sender.close()
+            self._sender = None
 
     def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         """Write a round's rows of one topic to Kafka, then mark the write done.
@@ -256,6 +266,13 @@ class TransactionalKafkaSink:
                 sender.open()  # aborts what an earlier producer left open, fences it
                 self._senders[table] = sender
             return self._senders[table]
+
+    def close(self) -> None:
+        """Close every producer made (a later write makes and opens new ones)."""
+        with self._lock:
+            senders, self._senders, self._done = list(self._senders.values()), {}, None
+        for sender in senders:
+            sender.close()
 
     def _kafka_tables(self) -> list[str]:
         return sorted(t for t, sink in self.cfg.kafka_sinks.items() if sink in ("kafka", "both"))

@@ -217,6 +217,13 @@ class Delivery:
             )
         return self._sinks[checkpoint]
 
+    def close(self) -> None:
+        """Close what the sinks hold open (Kafka producers); a later round opens them again."""
+        for sinks in self._sinks.values():
+            close = getattr(sinks, "close", None)
+            if close is not None:
+                close()
+
     def run_round(self) -> RoundResult:
         """Deliver what is due now; replays an interrupted round first.
 

@@ -130,6 +130,12 @@ class Sinks:
         kafka = TransactionalKafkaSink if cfg.kafka_exactly_once else KafkaTopicSink
         self.kafka: TopicSink = kafka(spark, cfg, layout, checkpoint_id)
 
+    def close(self) -> None:
+        """Close the Kafka producers (the Delta sink holds nothing to close)."""
+        close = getattr(self.kafka, "close", None)
+        if close is not None:
+            close()
+
     def of(self, table: str) -> Sequence[TopicSink]:
         """Kafka first, then Delta, as ``kafka.sinks.<table>`` says."""
         chosen = self.cfg.sink(table)

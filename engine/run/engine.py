@@ -198,6 +198,7 @@ class Engine:
 
     def _reload(self) -> None:
         fence = self.lease.check
+        self.delivery.close()
         self.stamper = Stamper(self.spark, self.cfg, self.layout, self.clock, fence=fence)
         self.delivery = Delivery(
             self.spark, self.cfg, self.layout, self.clock, self._sinks, fence=fence
@@ -395,6 +396,8 @@ class Engine:
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
+        if self._loop is None:
+            self.delivery.close()  # its Kafka producers: no round runs
         if self._loop is None and self._stamp_loop is None:
             self.lease.release()  # nothing runs: the next engine may take over at once
 
