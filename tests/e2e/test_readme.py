@@ -11,6 +11,7 @@ import ast
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -70,11 +71,13 @@ def test_readme_blocks_run_as_written(user_env: dict[str, str], tmp_path: Path) 
     try:
         for block in runnable:
             where = f"README.md:{block.line}"
+            started = time.monotonic()
             if block.language == "bash":
                 run_shell(block, user_env, where)
-                continue
-            ok, printed = python.run(block.code, BLOCK_TIMEOUT_S)
-            assert ok, f"{where}: the Python block failed\n{block.code}\n---\n{printed[-4000:]}"
+            else:
+                ok, printed = python.run(block.code, BLOCK_TIMEOUT_S)
+                assert ok, f"{where}: the Python block failed\n{block.code}\n---\n{printed[-4000:]}"
+            print(f"{where} ({block.language}): {time.monotonic() - started:.1f} s", flush=True)
     finally:
         python.close()
 
