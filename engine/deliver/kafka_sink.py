@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import tempfile
 import threading
@@ -36,6 +37,8 @@ from engine.core.kafka_headers import HEADER_DELIVER_TS, HEADER_MSG_ID, HEADER_T
 from engine.lakehouse.fs import jvm
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.storage import store_for
+
+log = logging.getLogger(__name__)
 
 #: Bounds on how long one write may block on an unreachable broker (Kafka's defaults are
 #: 60 s and 120 s); the round then fails and is retried with back-off.
@@ -191,6 +194,7 @@ class KafkaTopicSink:
         # Per delivery checkpoint: a new checkpoint starts its rounds again from 0.
         self.markers = f"{layout.checkpoint('kafka_sink')}/{checkpoint_id}"
         self._sender: _JvmSender | None = None
+        self._lock = threading.Lock()  # the topic writers share one producer
 
     def written(self, round_: int, table: str) -> bool:
         """Whether round ``round_`` finished its write to Kafka topic ``table``."""
@@ -199,18 +203,21 @@ class KafkaTopicSink:
 
     def close(self) -> None:
         """Close the producer, if one was made."""
-        if self._sender is not None:
-            self._sender.close()
-            self._sender = None
+        with self._lock:
+            sender, self._sender = self._sender, None
+        if sender is not None:
+            sender.close()
 
     def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         """Write a round's rows of one topic to Kafka, then mark the write done.
 
         Only the round in progress can be replayed, so the topic's older markers are removed.
         """
-        if self._sender is None:
-            self._sender = _JvmSender(self.spark, producer_settings(self.cfg))
-        self._sender.send(table, rows, marker=None)
+        with self._lock:
+            if self._sender is None:
+                self._sender = _JvmSender(self.spark, producer_settings(self.cfg))
+            sender = self._sender
+        sender.send(table, rows, marker=None)
         store = store_for(self.markers)
         name = f"{round_:020d}-{table}"
         store.write(f"{self.markers}/{name}", b"")
@@ -249,7 +256,8 @@ class TransactionalKafkaSink:
         self.checkpoint_id = checkpoint_id
         self._senders: dict[str, _JvmSender] = {}
         self._done: dict[str, int] | None = None
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the producers
+        self._done_lock = threading.Lock()  # the markers read, and what was written since
 
     def _key(self, table: str) -> str:
         return f"{self.checkpoint_id}/{table}"
@@ -269,28 +277,48 @@ class TransactionalKafkaSink:
 
     def close(self) -> None:
         """Close every producer made (a later write makes and opens new ones)."""
-        with self._lock:
+        with self._done_lock, self._lock:
             senders, self._senders, self._done = list(self._senders.values()), {}, None
         for sender in senders:
-            sender.close()
+            try:
+                sender.close()
+            except Exception as err:  # closing the others matters more
+                log.warning("closing a Kafka producer failed: %s", err)
 
     def _kafka_tables(self) -> list[str]:
         return sorted(t for t, sink in self.cfg.kafka_sinks.items() if sink in ("kafka", "both"))
 
     def written(self, round_: int, table: str) -> bool:
-        """Whether round ``round_``'s transaction to ``table`` committed (its marker)."""
-        if self._done is None:
-            for name in self._kafka_tables():  # fence them all: no open transaction is left
-                self._sender(name)
-            self._done = read_markers(self.cfg.kafka_bootstrap, MARKERS_READ_S)
-        return self._done.get(self._key(table), -1) >= round_
+        """Whether round ``round_``'s transaction to ``table`` committed (its marker).
+
+        The markers are read once (and again after a failed write): first every topic's
+        producer is opened, which completes or aborts a transaction an earlier producer of
+        its ``transactional.id`` left (a commit that timed out may still land), so the read
+        sees every transaction that will ever commit.
+        """
+        with self._done_lock:
+            if self._done is None:
+                for name in self._kafka_tables():
+                    self._sender(name).open()  # a producer dropped after a failure: anew
+                self._done = read_markers(self.cfg.kafka_bootstrap, MARKERS_READ_S)
+            return self._done.get(self._key(table), -1) >= round_
 
     def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
-        """Send the round's records of ``table`` and its marker in one transaction."""
+        """Send the round's records of ``table`` and its marker in one transaction.
+
+        After a failure the markers are read again before the next write is trusted: the
+        transaction may have committed though its commit call failed (a timeout).
+        """
         marker = (self._key(table).encode("utf-8"), str(round_).encode("ascii"))
-        self._sender(table).send(table, rows, marker)
-        if self._done is not None:
-            self._done[self._key(table)] = round_
+        try:
+            self._sender(table).send(table, rows, marker)
+        except BaseException:
+            with self._done_lock:
+                self._done = None
+            raise
+        with self._done_lock:
+            if self._done is not None:
+                self._done[self._key(table)] = round_
 
 
 def ensure_markers_topic(bootstrap: str) -> None:

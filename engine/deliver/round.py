@@ -221,8 +221,11 @@ class Delivery:
         """Close what the sinks hold open (Kafka producers); a later round opens them again."""
         for sinks in self._sinks.values():
             close = getattr(sinks, "close", None)
-            if close is not None:
-                close()
+            try:
+                if close is not None:
+                    close()
+            except Exception as err:  # the other sinks, and the engine's stop, go on
+                log.warning("closing the sinks of a delivery checkpoint failed: %s", err)
 
     def run_round(self) -> RoundResult:
         """Deliver what is due now; replays an interrupted round first.

@@ -198,7 +198,11 @@ class Engine:
 
     def _reload(self) -> None:
         fence = self.lease.check
-        self.delivery.close()
+        if self._round.acquire(timeout=STOP_WAIT_S):  # never mid-round (a stale loop's)
+            try:
+                self.delivery.close()
+            finally:
+                self._round.release()
         self.stamper = Stamper(self.spark, self.cfg, self.layout, self.clock, fence=fence)
         self.delivery = Delivery(
             self.spark, self.cfg, self.layout, self.clock, self._sinks, fence=fence

@@ -35,7 +35,9 @@ import org.apache.kafka.common.serialization.ByteArraySerializer;
  * column by column straight into records. A send returns once every record is acknowledged
  * ({@code acks=all}), or throws the first failure after dropping the producer: the caller then
  * sends the round again with a new one (which, when transactional, first aborts what the old
- * one left open). Safe to use from several threads.
+ * one left open). {@link #send} may be called from several threads at once; {@link
+ * #sendTransaction} from one at a time (a producer has one open transaction): the engine gives
+ * each topic a sender of its own.
  */
 public final class ArrowRecordSender {
   private static final BufferAllocator ALLOCATOR = new RootAllocator();
@@ -86,7 +88,7 @@ public final class ArrowRecordSender {
       if (failed.get() != null) {
         throw failed.get();
       }
-    } catch (Exception e) {
+    } catch (Exception | Error e) {
       drop(current);
       throw e;
     }
@@ -115,7 +117,7 @@ public final class ArrowRecordSender {
         throw failed.get();
       }
       current.commitTransaction();
-    } catch (Exception e) {
+    } catch (Exception | Error e) {
       drop(current);  // its open transaction is aborted by the next producer's init
       throw e;
     }
