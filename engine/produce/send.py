@@ -76,8 +76,8 @@ def _commitlog(spark: SparkSession | None, cfg: EngineConfig) -> ArrowDelta:
     session the table must be there already (:func:`commitlog_ready`)."""
     if spark is not None:
         path = ensure_tables(spark, cfg, migrate=False).commitlog
-    elif commitlog_ready(cfg):
-        path = layout(cfg).commitlog
+    elif layout(cfg).commitlog in _HANDLES or commitlog_ready(cfg):
+        path = layout(cfg).commitlog  # checked once per process, as ensure_tables is
     else:
         raise SetupError(
             f"{layout(cfg).commitlog} is missing or made by an older version: "
