@@ -7,7 +7,7 @@ environment variables. A registration reaches this process's Spark too (Hadoop's
 settings of the bucket), so Spark's reads and commits go where the engine's own go.
 
 Example:
-    >>> type(store_for("/tmp/lake/_engine/lease/1.json")).__name__
+    >>> type(store_for("/lake/_engine/lease/1.json")).__name__
     'LocalStore'
 """
 
