@@ -35,7 +35,7 @@ from engine.core.topics import ENGINE_TABLES, OPTIONAL_TABLES
 from engine.lakehouse.delta_log import list_topics, table_exists
 from engine.lakehouse.fs import list_files
 from engine.lakehouse.layout import layout
-from engine.lakehouse.views import delay_offset_view_sql, history_view_sql, lag_sql, views_sql
+from engine.lakehouse.views import checkpoint_views, delay_offset_query, history_query, lag_sql
 from schemas import SCHEDULE, column_names
 
 log = logging.getLogger(__name__)
@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 #: The view of every message's events (a topic of that name takes the name instead).
 HISTORY_VIEW = "history"
 
-#: One registration at a time in a process: Spark's session catalog replaces a view in two
-#: steps, and a second ``CREATE OR REPLACE`` in between fails with "already exists".
+#: One registration at a time in a process: two sessions naming the same view at once would
+#: both find it missing, and the second ``CREATE VIEW`` would fail with "already exists".
 REGISTERING = threading.RLock()
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -127,18 +127,50 @@ def _same_place(location: str, path: str) -> bool:
 
 
 @_one_at_a_time
+def put_view(spark: SparkSession, database: str, name: str, query: str) -> None:
+    """Name ``query`` as the view ``database.name``; readers never find the name missing.
+
+    A view that already has this query is left as it is (no catalog write). One with
+    another query is altered in place: ``CREATE OR REPLACE VIEW`` drops the view and
+    creates it again, and a query by a reader in between (or by a view over this one)
+    fails with "table or view not found".
+
+    Raises:
+        SetupError: when the name belongs to a table.
+
+    Example:
+        >>> put_view(spark, "delayq", "late", "SELECT 1 AS one")  # doctest: +SKIP
+    """
+    catalog = spark._jsparkSession.sharedState().externalCatalog()
+    if not catalog.tableExists(database, name):
+        spark.sql(f"CREATE VIEW `{database}`.`{name}` AS {query}")
+        return
+    table = catalog.getTable(database, name)
+    kind = str(table.tableType().name())
+    if kind != "VIEW":
+        raise SetupError(
+            f"{database}.{name} already names a {kind.lower()} table, not delayq's view: set "
+            "lakehouse.database to a database of its own"
+        )
+    text = table.viewText()
+    if text.isDefined() and str(text.get()).strip() == query.strip():
+        return
+    spark.sql(f"ALTER VIEW `{database}`.`{name}` AS {query}")
+
+
+@_one_at_a_time
 def register_views(spark: SparkSession, cfg: EngineConfig, pending: bool = True) -> None:
-    """Create or replace ``delay_offset``, and with ``pending`` also ``pending`` and
-    ``due_forecast`` (they need ``schedule`` and ``command_results``)."""
+    """Name ``delay_offset``, and with ``pending`` also ``pending`` and ``due_forecast``
+    (they need ``schedule`` and ``command_results``)."""
     ensure_database(spark, cfg)
-    statements = [delay_offset_view_sql(cfg.database, layout(cfg).delay_offset)]
-    for statement in statements + (views_sql(cfg.database) if pending else []):
-        spark.sql(statement)
+    put_view(spark, cfg.database, "delay_offset", delay_offset_query(layout(cfg).delay_offset))
+    for name, query in checkpoint_views(cfg.database).items() if pending else ():
+        put_view(spark, cfg.database, name, query)
 
 
 @_one_at_a_time
 def register_history_view(spark: SparkSession, cfg: EngineConfig, topics: Iterable[str]) -> None:
-    """Create or replace ``<database>.history`` over the engine's tables and ``topics``
+    """Name ``<database>.history`` over the engine's tables and ``topics``
     (the engine's tables must be registered); not made when a topic is named ``history``."""
     names = sorted(set(topics))
     if HISTORY_VIEW in names:
@@ -150,7 +182,7 @@ def register_history_view(spark: SparkSession, cfg: EngineConfig, topics: Iterab
         )
         return
     ensure_database(spark, cfg)
-    spark.sql(history_view_sql(cfg.database, names))
+    put_view(spark, cfg.database, HISTORY_VIEW, history_query(cfg.database, names))
 
 
 def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
@@ -169,13 +201,12 @@ def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
 
 @_one_at_a_time
 def register_lag_view(spark: SparkSession, cfg: EngineConfig) -> None:
-    """Create or replace ``<database>.consumer_lag`` over the groups known now."""
+    """Name ``<database>.consumer_lag`` over the groups known now."""
     tables = lag_tables(spark, cfg)
     if tables is None:
         return
     ensure_database(spark, cfg)
-    body = lag_sql(layout(cfg).consumer_log, tables)
-    spark.sql(f"CREATE OR REPLACE VIEW `{cfg.database}`.`consumer_lag` AS {body}")
+    put_view(spark, cfg.database, "consumer_lag", lag_sql(layout(cfg).consumer_log, tables))
 
 
 def register_all(spark: SparkSession, cfg: EngineConfig) -> list[str]:

@@ -2,9 +2,11 @@
 is due, each message's history, and consumer lag. :mod:`engine.lakehouse.catalog` registers
 them; the consumer's ``lag`` runs the same SQL.
 
+Each function returns a view's query (``SELECT ...``); the catalog names it.
+
 Example:
-    >>> print(views_sql("delayq")[1][:47])
-    CREATE OR REPLACE VIEW `delayq`.due_forecast AS
+    >>> print(checkpoint_views("delayq")["due_forecast"][:37])
+    SELECT date_trunc('MINUTE', greatest(
 """
 
 from __future__ import annotations
@@ -15,8 +17,8 @@ from engine.core.message import DUPLICATE
 from schemas import DELAY_OFFSET
 
 
-def delay_offset_view_sql(database: str, path: str) -> str:
-    """SQL creating the ``delay_offset`` view over the log (typed columns).
+def delay_offset_query(path: str) -> str:
+    """The query of the ``delay_offset`` view over the log at ``path`` (typed columns).
 
     Each line is parsed with the full schema, so files written before a column existed
     read it as null.
@@ -27,36 +29,37 @@ def delay_offset_view_sql(database: str, path: str) -> str:
         for f in DELAY_OFFSET.fields
     )
     return (
-        f"CREATE OR REPLACE VIEW `{database}`.`delay_offset` AS SELECT {casts} FROM "
+        f"SELECT {casts} FROM "
         f"(SELECT from_json(value, 'STRUCT<{as_text}>') AS r FROM text.`{path}` "
         "WHERE trim(value) != '')"
     )
 
 
-def views_sql(database: str) -> list[str]:
-    """SQL for the views ``pending`` and ``due_forecast`` (need ``delay_offset``)."""
+def checkpoint_views(database: str) -> dict[str, str]:
+    """The queries of the views ``pending`` and ``due_forecast``, by name (they read
+    ``delay_offset``, ``schedule`` and ``command_results`` in ``database``)."""
     db = f"`{database}`"
     latest = (
         f"SELECT watermark, stamp_batch FROM {db}.delay_offset WHERE status = 'committed' "
         "ORDER BY round DESC LIMIT 1"
     )
-    return [
-        f"CREATE OR REPLACE VIEW {db}.pending AS SELECT s.* FROM {db}.schedule s "
+    return {
+        "pending": f"SELECT s.* FROM {db}.schedule s "
         f"LEFT JOIN ({latest}) c ON true "
         "WHERE (s.deliver_ts > coalesce(c.watermark, TIMESTAMP'1970-01-01 00:00:00') "
         "OR s.stamp_batch > coalesce(c.stamp_batch, -1)) "
         f"AND NOT EXISTS (SELECT 1 FROM {db}.command_results r WHERE r.msg_id = s.msg_id "
         "AND r.revision = coalesce(s.revision, 0) "
         "AND r.result IN ('cancelled', 'rescheduled'))",
-        f"CREATE OR REPLACE VIEW {db}.due_forecast AS "
-        "SELECT date_trunc('MINUTE', greatest(deliver_ts, current_timestamp())) AS minute, "
+        "due_forecast": "SELECT date_trunc('MINUTE', "
+        "greatest(deliver_ts, current_timestamp())) AS minute, "
         f"count(*) AS due FROM {db}.pending "
         "WHERE deliver_ts < current_timestamp() + INTERVAL 1 HOUR GROUP BY 1",
-    ]
+    }
 
 
-def history_view_sql(database: str, topics: Sequence[str]) -> str:
-    """SQL for the ``history`` view: every event of every message, one row each.
+def history_query(database: str, topics: Sequence[str]) -> str:
+    """The query of the ``history`` view: every event of every message, one row each.
 
     The same events as ``delayq history`` (:func:`engine.control.inspect.history`): ``sent``,
     ``stamped``, ``quarantined`` or ``duplicate``, what a command decided, and ``delivered``
@@ -65,8 +68,8 @@ def history_view_sql(database: str, topics: Sequence[str]) -> str:
     ``SELECT * FROM delayq.history WHERE array_contains(keys, 'order-1') ORDER BY msg_id, at``.
 
     Example:
-        >>> print(history_view_sql("delayq", ["orders"])[:41])
-        CREATE OR REPLACE VIEW `delayq`.`history`
+        >>> print(history_query("delayq", ["orders"])[:36])
+        SELECT msg_id, keys, 'sent' AS event
     """
     db = f"`{database}`"
     stamped = "concat('queue ', queue_id, ', due ', deliver_ts)"
@@ -95,7 +98,7 @@ def history_view_sql(database: str, topics: Sequence[str]) -> str:
         f"concat('{database}.{name}, round ', delivery_round) FROM {db}.`{name}`"
         for name in topics
     ]
-    return f"CREATE OR REPLACE VIEW {db}.`history` AS " + " UNION ALL ".join(parts)
+    return " UNION ALL ".join(parts)
 
 
 def lag_sql(consumer_log: str, tables: Mapping[str, str]) -> str:

@@ -4,6 +4,7 @@ delayq does not own; the SQL server refuses a taken port by name."""
 from __future__ import annotations
 
 import socket
+import threading
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,7 @@ from pyspark.sql import SparkSession
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import ConfigError, SetupError
-from engine.lakehouse.catalog import register_all, register_table
+from engine.lakehouse.catalog import ensure_database, put_view, register_all, register_table
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from engine.run.sql_server import SqlServer
@@ -71,6 +72,45 @@ def test_a_topic_named_history_takes_the_name_from_the_view(
     Engine(spark, cfg, clock, out=lambda _: None).open().step()
     register_all(spark, cfg)
     assert [r.body for r in spark.table(f"{cfg.database}.history").collect()] == [b"b"]
+
+
+def test_a_view_named_again_is_never_missing_for_a_reader(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    # A reader of a view over a view, as `pending` reads `delay_offset`, while the inner one
+    # is named again (as a session start does) and changed (as a new topic changes `history`).
+    db = cfg.database
+    ensure_database(spark, cfg)
+    put_view(spark, db, "inner", "SELECT 0 AS one")
+    put_view(spark, db, "outer", f"SELECT one FROM `{db}`.`inner`")
+    catalog = spark._jsparkSession.sharedState().externalCatalog()
+    created = catalog.getTable(db, "inner").createTime()
+    failures: list[str] = []
+    done = threading.Event()
+
+    def read() -> None:
+        while not done.is_set():
+            try:
+                spark.sql(f"SELECT count(*) FROM `{db}`.`outer`").collect()
+            except Exception as err:
+                failures.append(str(err).splitlines()[0])
+
+    reader = threading.Thread(target=read)
+    reader.start()
+    try:
+        for i in range(1, 16):
+            put_view(spark, db, "inner", f"SELECT {i - 1} AS one")  # unchanged: no write
+            put_view(spark, db, "inner", f"SELECT {i} AS one")
+    finally:
+        done.set()
+        reader.join()
+    assert failures == []
+    assert [r.one for r in spark.table(f"{db}.outer").collect()] == [15]
+    assert catalog.getTable(db, "inner").createTime() == created  # altered, never re-created
+
+    spark.sql(f"CREATE TABLE `{db}`.`pending` (id BIGINT) USING delta")
+    with pytest.raises(SetupError, match=rf"{db}\.pending already names a managed table"):
+        put_view(spark, db, "pending", "SELECT 1 AS one")
 
 
 def test_a_taken_sql_port_fails_at_start_naming_the_key(
