@@ -7,6 +7,9 @@ VENV      := .venv
 BIN       := $(VENV)/bin
 JARS      := .jars
 SPARK_PROPS := $(JARS)/spark-defaults.conf
+# The classes a delayq Spark loads, mapped at each start (engine/lakehouse/session.py).
+CLASS_ARCHIVE := $(JARS)/classes.jsa
+USE_ARCHIVE := -XX:SharedArchiveFile=$(abspath $(CLASS_ARCHIVE)) -Xlog:cds=off -Xlog:cds+dynamic=off
 # spark-submit runs the job with the venv's Python, driver and workers alike.
 export PYSPARK_PYTHON := $(abspath $(BIN)/python)
 export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
@@ -41,7 +44,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@
 
-jars: $(SPARK_PROPS) ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore
+jars: $(SPARK_PROPS) $(CLASS_ARCHIVE) ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore
 
 JVM_SRC := $(shell find build/jvm/src -name '*.java')
 
@@ -70,8 +73,14 @@ $(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/jvm/pom.xml $(JVM_SRC) Mak
 	   echo "spark.hadoop.javax.jdo.option.ConnectionURL jdbc:derby:;databaseName=$(abspath lakehouse)/_metastore/db;create=true"; \
 	   echo "spark.sql.warehouse.dir $(abspath lakehouse)/_warehouse"; \
 	   echo "spark.hadoop.hive.downloaded.resources.dir $${TMPDIR:-/tmp}/delayq-hive/\$${hive.session.id}_resources"; \
-	   echo "spark.driver.extraJavaOptions -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties) -Dderby.stream.error.file=$(abspath lakehouse)/_metastore/derby.log"; } > $@
+	   echo "spark.driver.extraJavaOptions -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties) -Dderby.stream.error.file=$(abspath lakehouse)/_metastore/derby.log $(USE_ARCHIVE)"; } > $@
 	@echo "jars ready in $(JARS)/"
+
+# Not a failure when it cannot be written: every Spark then starts a few seconds slower.
+$(CLASS_ARCHIVE): $(SPARK_PROPS) $(VENV)/.installed
+	@echo "writing the JVM class archive $@ (once, about 2 min: then each Spark starts ~25% sooner)"
+	@$(BIN)/python -m jobs.tools.class_archive --out $(abspath $@) 2>$(JARS)/class-archive.log \
+	  || { echo "warning: no class archive (see $(JARS)/class-archive.log): Sparks start slower"; rm -f $@; }
 
 kafka-jars: $(KAFKA_HOME)/lib/.resolved ## Resolve the Kafka broker's jars with Maven into .kafka/lib/
 
