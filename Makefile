@@ -44,7 +44,7 @@ $(VENV)/.installed: pyproject.toml
 	$(BIN)/python -m pip install -q -e '.[test]'
 	@touch $@
 
-jars: $(SPARK_PROPS) $(CLASS_ARCHIVE) ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore
+jars: $(SPARK_PROPS) $(JARS)/.class-archive ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore
 
 JVM_SRC := $(shell find build/jvm/src -name '*.java')
 
@@ -76,11 +76,13 @@ $(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/jvm/pom.xml $(JVM_SRC) Mak
 	   echo "spark.driver.extraJavaOptions -Duser.timezone=UTC -Dlog4j2.configurationFile=file:$(abspath conf/log4j2.properties) -Dderby.stream.error.file=$(abspath lakehouse)/_metastore/derby.log $(USE_ARCHIVE)"; } > $@
 	@echo "jars ready in $(JARS)/"
 
-# Not a failure when it cannot be written: every Spark then starts a few seconds slower.
-$(CLASS_ARCHIVE): $(SPARK_PROPS) $(VENV)/.installed
-	@echo "writing the JVM class archive $@ (once, about 2 min: then each Spark starts ~25% sooner)"
-	@$(BIN)/python -m jobs.tools.class_archive --out $(abspath $@) 2>$(JARS)/class-archive.log \
-	  || { echo "warning: no class archive (see $(JARS)/class-archive.log): Sparks start slower"; rm -f $@; }
+# Tried once per set of jars (the stamp); not a failure when it cannot be written: every
+# Spark then starts a few seconds slower.
+$(JARS)/.class-archive: $(SPARK_PROPS) $(VENV)/.installed
+	@echo "writing the JVM class archive $(CLASS_ARCHIVE) (once, about 2 min: then each Spark starts ~25% sooner)"
+	@$(BIN)/python -m jobs.tools.class_archive --out $(abspath $(CLASS_ARCHIVE)) 2>$(JARS)/class-archive.log \
+	  || echo "warning: no class archive (see $(JARS)/class-archive.log): Sparks start slower"
+	@touch $@
 
 kafka-jars: $(KAFKA_HOME)/lib/.resolved ## Resolve the Kafka broker's jars with Maven into .kafka/lib/
 

@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable
 from typing import Any, TypeVar, cast
 
 from delta.tables import DeltaTable
+from pyspark.errors import AnalysisException
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -143,8 +144,13 @@ def put_view(spark: SparkSession, database: str, name: str, query: str) -> None:
     """
     catalog = spark._jsparkSession.sharedState().externalCatalog()
     if not catalog.tableExists(database, name):
-        spark.sql(f"CREATE VIEW `{database}`.`{name}` AS {query}")
-        return
+        try:
+            spark.sql(f"CREATE VIEW `{database}`.`{name}` AS {query}")
+            return
+        except AnalysisException as err:  # made meanwhile by another process (one metastore)
+            if not catalog.tableExists(database, name):
+                raise
+            log.debug("%s.%s was created meanwhile: %s", database, name, err)
     table = catalog.getTable(database, name)
     kind = str(table.tableType().name())
     if kind != "VIEW":

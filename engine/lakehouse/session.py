@@ -73,10 +73,10 @@ def driver_java_options(cfg: EngineConfig) -> str:
         >>> "-Duser.timezone=UTC" in driver_java_options(EngineConfig())
         True
     """
-    archive = jars_folder(cfg) / CLASS_ARCHIVE
-    if not archive.is_file():
-        return DRIVER_JAVA_OPTIONS
-    return f"{DRIVER_JAVA_OPTIONS} {USE_ARCHIVE.format(archive=archive.resolve())}"
+    archive = (jars_folder(cfg) / CLASS_ARCHIVE).resolve()
+    if not archive.is_file() or any(c.isspace() for c in str(archive)):
+        return DRIVER_JAVA_OPTIONS  # (Spark splits the options at spaces)
+    return f"{DRIVER_JAVA_OPTIONS} {USE_ARCHIVE.format(archive=archive)}"
 
 
 def jar_paths(cfg: EngineConfig) -> list[str]:

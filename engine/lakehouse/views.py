@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from engine.core.message import DUPLICATE
-from schemas import DELAY_OFFSET
+from schemas import DELAY_OFFSET, SCHEDULE
 
 
 def delay_offset_query(path: str) -> str:
@@ -43,8 +43,11 @@ def checkpoint_views(database: str) -> dict[str, str]:
         f"SELECT watermark, stamp_batch FROM {db}.delay_offset WHERE status = 'committed' "
         "ORDER BY round DESC LIMIT 1"
     )
+    # Columns by name, not s.*: a view keeps the columns it was made with, and the text
+    # changes with the schema, so the catalog alters the view after an upgrade.
+    columns = ", ".join(f"s.`{f.name}`" for f in SCHEDULE.fields)
     return {
-        "pending": f"SELECT s.* FROM {db}.schedule s "
+        "pending": f"SELECT {columns} FROM {db}.schedule s "
         f"LEFT JOIN ({latest}) c ON true "
         "WHERE (s.deliver_ts > coalesce(c.watermark, TIMESTAMP'1970-01-01 00:00:00') "
         "OR s.stamp_batch > coalesce(c.stamp_batch, -1)) "

@@ -22,11 +22,14 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import subprocess
 import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
+
+from pyspark.sql import SparkSession
 
 from engine.cli import main as delayq
 from engine.core.config import EngineConfig
@@ -69,25 +72,39 @@ def write_archive(out: Path, workdir: Path, say: Callable[[str], None] = print) 
     step("a Spark started")
     gateway = spark.sparkContext._gateway
     jvm = getattr(gateway, "proc", None)
+    finished = False
+    try:
+        _workload(spark, cfg)
+        step("4 messages sent, stamped and delivered, the views read, delayq status run")
+        finished = True
+    finally:
+        spark.stop()
+        if gateway is not None and jvm is not None:  # it exits when its stdin closes, then writes
+            gateway.shutdown()
+            jvm.stdin.close()
+            try:
+                jvm.wait(timeout=RUN_S)
+            except subprocess.TimeoutExpired:
+                finished = False
+            if not finished:  # no archive of a run cut short
+                jvm.kill()
+                jvm.wait()
+                out.unlink(missing_ok=True)
+    step("the JVM wrote the archive and exited")
+
+
+def _workload(spark: SparkSession, cfg: EngineConfig) -> None:
     send_many(spark, cfg, [Message("orders", f"m{i}", delay_level=i % 2) for i in range(4)])
     engine = Engine(spark, cfg, out=lambda _line: None)
     try:
         engine.run(until_idle=True, max_seconds=RUN_S)
     finally:
         engine.stop()
-    step("4 messages sent, stamped and delivered")
     register_all(spark, cfg)
     spark.sql(f"SELECT count(*) FROM {cfg.database}.pending").collect()
     with contextlib.redirect_stdout(io.StringIO()):
-        delayq(["status", "--set", f"lakehouse.path={lakehouse}",
+        delayq(["status", "--set", f"lakehouse.path={cfg.lakehouse}",
                 "--set", f"lakehouse.database={cfg.database}"])  # fmt: skip
-    step("the views read, delayq status run")
-    spark.stop()
-    if gateway is not None and jvm is not None:  # it exits when its stdin closes, then writes
-        gateway.shutdown()
-        jvm.stdin.close()
-        jvm.wait(timeout=RUN_S)
-    step("the JVM wrote the archive and exited")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 from pyspark.sql import SparkSession
@@ -25,8 +25,7 @@ def test_a_sessions_driver_maps_the_class_archive(spark: SparkSession) -> None:
     # The archive holds for this driver's class path: with -Xshare:on a JVM that cannot map
     # it refuses to start (the drivers run with -Xshare:auto, and would start slower).
     classpath = jvm.java.lang.System.getProperty("java.class.path")
-    java = shutil.which("java")
-    assert java is not None
+    java = str(Path(jvm.java.lang.System.getProperty("java.home")) / "bin" / "java")
     done = subprocess.run(
         [java, "-Xshare:on", f"-XX:SharedArchiveFile={archive}", "-cp", classpath, "-version"],
         capture_output=True, text=True, timeout=60,
