@@ -48,7 +48,7 @@ def write_archive(out: Path, workdir: Path, say: Callable[[str], None] = print) 
     wait for that JVM to exit.
 
     Example:
-        >>> write_archive(Path(".jars/classes.jsa"), Path("/tmp/work"))  # doctest: +SKIP
+        >>> write_archive(Path(".jars/classes.jsa"), Path("work"))  # doctest: +SKIP
     """
     lakehouse = workdir / "lakehouse"
     cfg = EngineConfig(
