@@ -7,7 +7,7 @@ repository root::
 
 Options: ``--mode smoke|quick|full`` (default quick), ``--workloads steady,spike,...``,
 ``--backlogs 0,10000000`` (the pending sizes of ``backlog`` and ``restart`` instead of the
-mode's), ``--out bench/out``, ``--set key=value``.
+mode's), ``--rates 100000`` (the steps of ``steady``, the first two also ``ahead``'s), ``--out bench/out``, ``--set key=value``.
 Writes ``<out>/<UTC time>-<mode>.json`` and ``.png`` and prints a short table. Quick mode
 takes 15-20 minutes on 2 cores; full mode over an hour (see ``jobs.tools.benchmark``).
 """
@@ -42,6 +42,11 @@ def main(argv: list[str] | None = None) -> int:
         metavar="N,N",
         help="pending sizes for backlog and restart, e.g. 0,10000000 (default: the mode's)",
     )
+    parser.add_argument(
+        "--rates",
+        metavar="N,N",
+        help="msg/s steps of steady (and ahead), e.g. 100000 (default: the mode's)",
+    )
     parser.add_argument("--out", default="bench/out", help="output folder (default bench/out)")
     parser.add_argument("--conf", metavar="FILE", help="TOML config (default conf/engine.toml)")
     parser.add_argument("--set", metavar="KEY=VALUE", action="append", default=[])
@@ -62,6 +67,14 @@ def main(argv: list[str] | None = None) -> int:
         if any(n < 0 for n in sizes):
             parser.error(f"--backlogs: {args.backlogs!r} has a negative count")
         plan = dataclasses.replace(plan, backlogs=sizes)
+    if args.rates:
+        try:
+            rates = tuple(int(n) for n in args.rates.split(","))
+        except ValueError:
+            parser.error(f"--rates: {args.rates!r} is not a comma-separated list of msg/s")
+        if any(n <= 0 for n in rates):
+            parser.error(f"--rates: {args.rates!r} has a rate that is not positive")
+        plan = dataclasses.replace(plan, rates=rates)
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s: %(message)s")
     try:
         cfg = config_from_args(args)
