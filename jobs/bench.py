@@ -7,7 +7,8 @@ repository root::
 
 Options: ``--mode smoke|quick|full`` (default quick), ``--workloads steady,spike,...``,
 ``--backlogs 0,10000000`` (the pending sizes of ``backlog`` and ``restart`` instead of the
-mode's), ``--rates 100000`` (the steps of ``steady``, the first two also ``ahead``'s), ``--out bench/out``, ``--set key=value``.
+mode's), ``--rates 100000`` (the steps of ``steady``, the first two also ``ahead``'s),
+``--out bench/out``, ``--set key=value``.
 Writes ``<out>/<UTC time>-<mode>.json`` and ``.png`` and prints a short table. Quick mode
 takes 15-20 minutes on 2 cores; full mode over an hour (see ``jobs.tools.benchmark``).
 """

@@ -15,6 +15,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 import numpy as np
@@ -56,15 +57,16 @@ def rejection_reasons(rows: pa.Table, cfg: EngineConfig) -> pa.Array:
             return pa.nulls(n, dtype)
         return rows[name].combine_chunks().cast(dtype)
 
-    def flag(cond: pa.Array, text: pa.Array | str) -> None:
+    def flag(cond: pa.Array, text: Callable[[], pa.Array] | str) -> None:
         nonlocal reason
         hit = pc.and_kleene(pc.fill_null(cond, False), pc.is_null(reason))
         if pc.any(hit).as_py():
-            value = pa.scalar(text, pa.string()) if isinstance(text, str) else text
+            value = pa.scalar(text, pa.string()) if isinstance(text, str) else text()
             reason = pc.if_else(hit, value, reason)
 
-    def quoted(before: str, value: pa.Array, after: str) -> pa.Array:
-        return pc.binary_join_element_wise(before, value, after, "")
+    def quoted(before: str, value: pa.Array, after: str) -> Callable[[], pa.Array]:
+        # Built only for a batch with a row to refuse: most batches have none.
+        return lambda: pc.binary_join_element_wise(before, value, after, "")
 
     msg_id = col("msg_id", pa.string())
     topic = col("topic", pa.string())

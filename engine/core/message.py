@@ -14,6 +14,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import numpy as np
+import pyarrow as pa
 from pyspark.sql import Column
 from pyspark.sql import functions as F
 
@@ -319,6 +322,28 @@ def check_msg_id(msg_id: object) -> None:
 def new_msg_id() -> str:
     """A new message id: 32 upper-case hex digits, like RocketMQ's."""
     return uuid.uuid4().hex.upper()
+
+
+#: Each byte's two upper-case hex digits.
+_HEX = np.frombuffer("".join(f"{b:02X}" for b in range(256)).encode(), np.uint8).reshape(256, 2)
+
+
+def new_msg_ids(n: int) -> pa.Array:
+    """``n`` new message ids at once, each as :func:`new_msg_id` makes one (a random UUID,
+    version 4, as 32 upper-case hex digits), built with numpy: about 100 times quicker than
+    ``n`` calls, which matters to a producer sending 100,000 rows at a time.
+
+    Example:
+        >>> ids = new_msg_ids(2).to_pylist()
+        >>> [len(i) for i in ids], ids[0] != ids[1], ids[0][12], ids[0][16] in "89AB"
+        ([32, 32], True, '4', True)
+    """
+    raw = np.frombuffer(os.urandom(16 * n), np.uint8).reshape(n, 16).copy()
+    raw[:, 6] = (raw[:, 6] & 0x0F) | 0x40  # version 4
+    raw[:, 8] = (raw[:, 8] & 0x3F) | 0x80  # the RFC 4122 variant
+    text = _HEX[raw].tobytes()  # (n, 16, 2) digits, row after row
+    offsets = np.arange(0, 32 * n + 1, 32, dtype=np.int32)
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(text))
 
 
 def message_from_mapping(item: Mapping[str, Any], index: int) -> Message:

@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import os
 import threading
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import datetime, timedelta
 from typing import Any
@@ -43,6 +42,7 @@ from engine.core.message import (
     Message,
     message_from_mapping,
     new_msg_id,
+    new_msg_ids,
     rejection_reason,
     validate,
 )
@@ -183,8 +183,8 @@ def send_arrow(
     n = int(rows.num_rows)
     if n == 0:
         return 0
-    store_ts = pa.array([clock.now()] * n, schema.field("store_ts").type)
-    made = pa.array([uuid.uuid4().hex.upper() for _ in range(n)], pa.string())
+    store_ts = pa.repeat(pa.scalar(clock.now(), schema.field("store_ts").type), n)
+    made = new_msg_ids(n)
     columns = []
     for name in schema.names:
         if name == "store_ts":

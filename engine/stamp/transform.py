@@ -18,11 +18,11 @@ from datetime import datetime
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from engine.core.arrow_checks import rejection_reasons
 from engine.core.config import EngineConfig
 from engine.core.levels import LevelTable
+from engine.stamp.id_hash import xxh64
 from schemas import COMMITLOG, QUARANTINE, SCHEDULE, column_names
 
 #: The queue of timer messages (an absolute deliver time instead of a level).
@@ -69,14 +69,7 @@ def id_hashes(msg_ids: pa.Array | pa.ChunkedArray) -> pa.Array:
         >>> id_hashes(pa.array(["order-1:paid"])).to_pylist()
         [1610227572590971149]
     """
-    ids = msg_ids.to_pylist()
-    digests = np.fromiter(
-        (0 if i is None else xxhash.xxh64_intdigest(i.encode("utf-8"), HASH_SEED) for i in ids),
-        dtype=np.uint64,
-        count=len(ids),
-    )
-    mask = np.array([i is None for i in ids], dtype=bool) if None in ids else None
-    return pa.array(digests.view(np.int64), pa.int64(), mask=mask)
+    return xxh64(msg_ids, HASH_SEED)
 
 
 def stamped(rows: pa.Table, cfg: EngineConfig, batch_id: int, now: datetime) -> pa.Table:
@@ -117,7 +110,7 @@ def stamped(rows: pa.Table, cfg: EngineConfig, batch_id: int, now: datetime) -> 
         queue_id=pa.array(queue, pa.int32()),
         deliver_ts=pc.cast(deliver, _TS),
         stamp_batch=pa.array(np.full(n, batch_id, dtype=np.int64)),
-        stamped_ts=pa.array([now] * n, _TS) if n else pa.array([], _TS),
+        stamped_ts=pa.repeat(pa.scalar(now, _TS), n),
         revision=pa.array(np.zeros(n, dtype=np.int32)),
         msg_id_hash=id_hashes(columns["msg_id"]),
         reason=reason,

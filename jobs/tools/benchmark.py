@@ -184,11 +184,13 @@ def load_table(
     due_ms = to_millis(now) + lead_ms + (rng.random(n) * TIMER_SPREAD_MS).astype(np.int64)
     levels = pa.array((ids % 3 + 1).astype(np.int32), mask=timer)
     deliver = pa.array(due_ms * 1000, pa.int64(), mask=~timer).cast(pa.timestamp("us", tz="UTC"))
+    names = pa.array([f"bench_{t}" for t in range(topics)], pa.string())
+    numbers = pc.cast(pa.array(ids), pa.string())
     return pa.table(
         {
-            "topic": pa.array([f"bench_{i % topics}" for i in range(n)], pa.string()),
-            "body": pa.array([f"{tag}-{i}".encode() for i in range(n)], pa.binary()),
-            "tags": pa.array([tag] * n, pa.string()),
+            "topic": names.take(pa.array(ids % topics)),
+            "body": pc.cast(pc.binary_join_element_wise(f"{tag}-", numbers, ""), pa.binary()),
+            "tags": pa.repeat(pa.scalar(tag, pa.string()), n),
             "delay_level": levels,
             "deliver_at": deliver,
         }

@@ -67,7 +67,7 @@ def test_rules_on_rows_without_optional_columns() -> None:
 
 
 def test_message_id_hashes_are_sparks_xxhash64(spark: SparkSession) -> None:
-    ids = ["A", "order-1:paid", "9F1C" * 8, "x" * 128, "é€", None]
+    ids = ["A", "order-1:paid", "9F1C" * 8, "x" * 128, "é€", *("k" * n for n in range(70)), None]
     df = spark.createDataFrame([(i,) for i in ids], "msg_id string")
     by_spark = [r[0] for r in df.select(F.xxhash64("msg_id")).collect()]
     by_arrow = id_hashes(pa.array(ids, pa.string())).to_pylist()
