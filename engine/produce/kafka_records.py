@@ -246,22 +246,23 @@ def _integer(text: pa.Array, type_: pa.DataType) -> pa.Array:
         )
 
 
-def _made_ids(records: pa.Table, rows: np.ndarray) -> list[str]:
+def _made_ids(records: pa.Table, rows: np.ndarray) -> pa.Array:
     """Ids of records without ``UNIQ_KEY``: MD5 of topic, partition, offset and timestamp
-    (the timestamp too: a topic deleted and made again reuses offsets)."""
+    (the timestamp too: a topic deleted and made again reuses offsets), joined by ``:``.
+
+    The text is joined with Arrow; only the digest is taken record by record.
+    """
     picked = records.take(pa.array(rows, pa.int64()))
-    micros = pc.cast(picked["timestamp"], pa.int64()).to_pylist()
-    parts = zip(
-        picked["topic"].to_pylist(),
-        picked["partition"].to_pylist(),
-        picked["offset"].to_pylist(),
-        micros,
-        strict=True,
-    )
-    return [
-        hashlib.md5(":".join(str(p) for p in part if p is not None).encode()).hexdigest().upper()
-        for part in parts
+    parts = [
+        picked["topic"],
+        picked["partition"],
+        picked["offset"],
+        pc.cast(picked["timestamp"], pa.int64()),
     ]
+    texts = [pc.cast(p, pa.string()) for p in parts]
+    joined = pc.binary_join_element_wise(*texts, ":", null_handling="skip")
+    digests = [hashlib.md5(t.encode()).hexdigest() for t in joined.to_pylist()]
+    return pc.utf8_upper(pa.array(digests, pa.string()))
 
 
 def _reasons(
@@ -394,9 +395,9 @@ def parse_records(records: pa.Table, cfg: EngineConfig, now: datetime) -> pa.Tab
     without = np.flatnonzero(_bools(pc.is_null(uniq)))
     msg_id = uniq
     if without.size:
-        made = np.array(uniq.to_pylist(), dtype=object)
-        made[without] = _made_ids(records, without)
-        msg_id = pa.array(made.tolist(), pa.string())
+        place = np.zeros(n, dtype=np.int64)  # each row's made id (rows with a key: any)
+        place[without] = np.arange(without.size)
+        msg_id = pc.coalesce(uniq, _made_ids(records, without).take(pa.array(place)))
     return pa.table(
         {
             "msg_id": msg_id,
