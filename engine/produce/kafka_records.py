@@ -260,6 +260,13 @@ def _made_ids(records: pa.Table, rows: np.ndarray) -> pa.Array:
         pc.cast(picked["timestamp"], pa.int64()),
     ]
     texts = [pc.cast(p, pa.string()) for p in parts]
+    # A null part is left out, as before; a record with none at all is hashed from "" (the
+    # join would drop its row).
+    nothing = pc.and_kleene(
+        pc.and_kleene(pc.is_null(texts[0]), pc.is_null(texts[1])),
+        pc.and_kleene(pc.is_null(texts[2]), pc.is_null(texts[3])),
+    )
+    texts[0] = pc.if_else(nothing, pa.scalar("", pa.string()), texts[0])
     joined = pc.binary_join_element_wise(*texts, ":", null_handling="skip")
     digests = [hashlib.md5(t.encode()).hexdigest() for t in joined.to_pylist()]
     return pc.utf8_upper(pa.array(digests, pa.string()))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+import xxhash
 
 _U64 = np.uint64
 P1 = _U64(0x9E3779B185EBCA87)
@@ -24,6 +25,9 @@ P2 = _U64(0xC2B2AE3D27D4EB4F)
 P3 = _U64(0x165667B19E3779F9)
 P4 = _U64(0x85EBCA77C2B2AE63)
 P5 = _U64(0x27D4EB2F165667C5)
+#: Values longer than this (in bytes) are hashed one by one: a matrix of the group would cost
+#: memory and time with the length (a 1 MB id refused at stamping must not stall it).
+LONGEST = 512
 
 
 def xxh64(values: pa.Array | pa.ChunkedArray, seed: int) -> pa.Array:
@@ -50,10 +54,13 @@ def xxh64(values: pa.Array | pa.ChunkedArray, seed: int) -> pa.Array:
     starts, lengths = offsets[:-1], np.diff(offsets)
     out = np.zeros(n, dtype=np.uint64)
     with np.errstate(over="ignore"):
-        for length in np.unique(lengths):
+        for length in np.unique(lengths[lengths <= LONGEST]):
             rows = np.flatnonzero(lengths == length)
             block = body[starts[rows, None] + np.arange(int(length))]
             out[rows] = _hash_block(block, int(length), _U64(seed % 2**64))
+    for row in np.flatnonzero(lengths > LONGEST):  # (refused ids: longer than any valid one)
+        value = bytes(body[starts[row] : starts[row] + lengths[row]])
+        out[row] = xxhash.xxh64_intdigest(value, seed % 2**64)
     mask = pc.is_null(data).to_numpy(zero_copy_only=False) if data.null_count else None
     return pa.array(out.view(np.int64), pa.int64(), mask=mask)
 

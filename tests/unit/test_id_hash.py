@@ -36,6 +36,11 @@ def test_every_length_hashes_as_the_reference_does() -> None:
     assert xxh64(pa.array(values, pa.string()), SEED).to_pylist() == _reference(values)
 
 
+def test_long_values_hash_as_the_reference_does() -> None:
+    values = ["y" * 511, "z" * 512, "w" * 513, "v" * 100_000, "short"]
+    assert xxh64(pa.array(values, pa.string()), SEED).to_pylist() == _reference(values)
+
+
 def test_a_slice_and_chunks_hash_as_their_values() -> None:
     values = _random_ids(2_000, 2)
     sliced = pa.array(values, pa.string()).slice(37, 900)

@@ -108,6 +108,20 @@ def test_made_ids_are_the_md5_of_the_joined_parts_and_keys_stay_theirs() -> None
     assert rows[b"k"]["msg_id"] == "key-1"
 
 
+def test_a_record_without_topic_partition_offset_or_time_still_gets_an_id() -> None:
+    table = kafka_records(
+        [{"value": b"b", "topic": "in", "offset": 2, "timestamp": BORN_MS,
+          "headers": [("REAL_TOPIC", b"o")]},
+         {"value": b"d", "topic": None, "partition": None, "offset": None,
+          "headers": [("REAL_TOPIC", b"o")]}]
+    )  # fmt: skip
+    rows = {r["body"]: r for r in parse_records(table, EngineConfig(), NOW).to_pylist()}
+    assert rows[b"d"]["msg_id"] == hashlib.md5(b"").hexdigest().upper()
+    assert (
+        rows[b"b"]["msg_id"] == hashlib.md5(f"in:0:2:{BORN_MS * 1000}".encode()).hexdigest().upper()
+    )
+
+
 def test_an_empty_batch_gives_no_rows() -> None:
     assert parse_records(kafka_records([]), EngineConfig(), NOW).num_rows == 0
 
