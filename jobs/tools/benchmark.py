@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import platform
 import re
@@ -1456,48 +1457,61 @@ def _n(value: object) -> str:
 
 
 def chart(results: dict[str, Any], path: Path) -> None:
-    """A 4x2 PNG: steady lateness by rate, backlog round time, spike, fan-out, aging, and
-    the delayq commands' times."""
+    """A PNG with a panel for each workload that ran and has a figure to draw: steady
+    lateness by rate, backlog round time, spike, fan-out, aging, and the delayq commands'
+    times (two panels a row)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     work = _succeeded(results["workloads"])
-    fig, axes = plt.subplots(4, 2, figsize=(12, 16))
+    panels = _panels(work)
+    rows = max(1, math.ceil(len(panels) / 2))
+    fig, axes = plt.subplots(rows, 2, figsize=(12, 4 * rows), squeeze=False)
     settings = results["settings"]
     fig.suptitle(
         f"delayq benchmark ({settings['mode']}, {settings['cpu_count']} cores, "
         f"{settings['started_utc']})"
     )
+    places = [ax for row in axes for ax in row]
+    for ax, draw in zip(places, panels, strict=False):
+        draw(ax)
+    for ax in places[len(panels) :]:
+        ax.set_axis_off()
+    if not panels:
+        places[0].text(0.5, 0.5, "no workload with a chart ran", ha="center", va="center")
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
 
-    def lateness_panel(ax: Any, runs: list[dict[str, Any]], x: str, label: str) -> None:
-        xs = [r[x] for r in runs]
-        for q in ("p50", "p95", "p99"):
-            ax.plot(xs, [(r[f"late_{q}_ms"] or 0) / 1000 for r in runs], marker="o", label=q)
-        ax.set_xlabel(label)
-        ax.set_ylabel("lateness (s)")
-        ax.legend()
-        ax.grid(alpha=0.3)
 
-    if work.get("steady"):
-        ax = axes[0][0]
-        lateness_panel(ax, work["steady"], "rate_achieved", "achieved msg/s")
+def _lateness_panel(ax: Any, runs: list[dict[str, Any]], x: str, label: str) -> None:
+    xs = [r[x] for r in runs]
+    for q in ("p50", "p95", "p99"):
+        ax.plot(xs, [(r[f"late_{q}_ms"] or 0) / 1000 for r in runs], marker="o", label=q)
+    ax.set_xlabel(label)
+    ax.set_ylabel("lateness (s)")
+    ax.legend()
+    ax.grid(alpha=0.3)
+
+
+def _panels(work: dict[str, Any]) -> list[Callable[[Any], None]]:
+    """A drawing function for each panel the workloads in ``work`` have figures for."""
+    panels: list[Callable[[Any], None]] = []
+
+    def steady(ax: Any) -> None:
+        _lateness_panel(ax, work["steady"], "rate_achieved", "achieved msg/s")
         ax.set_xscale("log")
         ax.set_title("steady: lateness by rate")
-    if work.get("backlog") or work.get("restart"):
-        ax = axes[0][1]
+
+    def backlog(ax: Any) -> None:
         runs = work.get("backlog", [])
         xs = [max(r["backlog"], 1) for r in runs]
-        ax.plot(
-            xs,
-            [r["delivery"].get("round_mean_s") or 0 for r in runs],
-            marker="o",
-            label="round mean (s)",
-        )
-        ax.plot(
-            xs, [(r["late_p99_ms"] or 0) / 1000 for r in runs], marker="o", label="lateness p99 (s)"
-        )
+        rounds = [r["delivery"].get("round_mean_s") or 0 for r in runs]
+        ax.plot(xs, rounds, marker="o", label="round mean (s)")
+        late = [(r["late_p99_ms"] or 0) / 1000 for r in runs]
+        ax.plot(xs, late, marker="o", label="lateness p99 (s)")
         restarts = work.get("restart", [])
         ax.plot(
             [max(r["backlog"], 1) for r in restarts],
@@ -1510,8 +1524,8 @@ def chart(results: dict[str, Any], path: Path) -> None:
         ax.set_title("backlog: flat is good")
         ax.legend()
         ax.grid(alpha=0.3)
-    if work.get("spike"):
-        ax = axes[1][0]
+
+    def spike(ax: Any) -> None:
         s = work["spike"]
         labels = ["spike: last row", "due +1 s: p50", "due +1 s: p99"]
         values = [
@@ -1522,13 +1536,13 @@ def chart(results: dict[str, Any], path: Path) -> None:
         ax.bar(labels, values, color=["tab:red", "tab:blue", "tab:blue"])
         ax.set_ylabel("seconds after due")
         ax.set_title(f"spike: {s['size']:,} due at one instant")
-    if work.get("fanout"):
-        ax = axes[1][1]
-        lateness_panel(ax, work["fanout"], "topics", "topics")
+
+    def fanout(ax: Any) -> None:
+        _lateness_panel(ax, work["fanout"], "topics", "topics")
         ax.set_xscale("log")
         ax.set_title("fan-out: lateness by topic count")
-    if work.get("aging"):
-        ax = axes[2][0]
+
+    def aging_stages(ax: Any) -> None:
         runs = work["aging"]
         xs = [r["age_s"] for r in runs]
         for stage in ("scan", "topics", "commit"):
@@ -1542,11 +1556,12 @@ def chart(results: dict[str, Any], path: Path) -> None:
         ax.set_title("aging: flat is good")
         ax.legend()
         ax.grid(alpha=0.3)
-        ax = axes[2][1]
-        lateness_panel(ax, runs, "age_s", "engine age (s)")
+
+    def aging_lateness(ax: Any) -> None:
+        _lateness_panel(ax, work["aging"], "age_s", "engine age (s)")
         ax.set_title("aging: lateness")
-    if work.get("cli"):
-        ax = axes[3][0]
+
+    def cli(ax: Any) -> None:
         timed = {k: v for k, v in work["cli"].items() if k != "runs"}
         places = np.arange(len(timed))
         for offset, way, color in ((-0.2, "engine", "tab:green"), (0.2, "local", "tab:gray")):
@@ -1559,9 +1574,21 @@ def chart(results: dict[str, Any], path: Path) -> None:
         ax.set_ylabel("seconds (bar p50, tick p95)")
         ax.set_title("delayq commands: through the running engine vs --local")
         ax.legend()
-    fig.tight_layout()
-    fig.savefig(path, dpi=100)
-    plt.close(fig)
+
+    wanted = (
+        ("steady", steady),
+        ("backlog", backlog),
+        ("restart", backlog),
+        ("spike", spike),
+        ("fanout", fanout),
+        ("aging", aging_stages),
+        ("aging", aging_lateness),
+        ("cli", cli),
+    )
+    for name, draw in wanted:
+        if work.get(name) and draw not in panels:
+            panels.append(draw)
+    return panels
 
 
 WORKLOADS = (
