@@ -229,18 +229,3 @@ def test_a_table_made_again_at_the_same_path_is_read_again(
     assert appender.version == 1
     got = spark.read.format("delta").load(path).collect()
     assert [(r.id, r.other) for r in got] == [(7, "x")]
-
-
-def test_a_staged_append_is_unseen_until_committed(spark: SparkSession, tmp_path: Path) -> None:
-    """The data files of a staged append exist, but neither Spark nor delta-rs sees a row of
-    them until the commit; the commit shows all of them at once, with its txn."""
-    path = _spark_table(spark, tmp_path / "t")
-    table = ArrowDelta(path)
-    table.append(_rows(0, 5))
-    commit = table.stage(_rows(5, 7), txn=Txn("app", 3), metadata="round 3")
-    assert len(list(Path(path).glob("*.parquet"))) == 2, "the staged file is written"
-    assert spark.read.format("delta").load(path).count() == 5
-    assert table.dataset(table.latest()).count_rows() == 5
-    commit()
-    assert spark.read.format("delta").load(path).count() == 12
-    assert table.txn_version("app") == 3
