@@ -223,8 +223,15 @@ def topic_tables(rows: pa.Table) -> dict[str, pa.Table]:
     if rows.num_rows == 0:
         return {}
     lowered = pc.utf8_lower(rows["topic"])
-    names = sorted(pc.unique(lowered).to_pylist())
-    return {name: rows.filter(pc.equal(lowered, name)) for name in names}
+    # One stable sort, then a slice per table (rows keep their order within a table):
+    # a filter per table cost a pass over every row for each of them.
+    order = pc.sort_indices(lowered)
+    rows, lowered = rows.take(order), lowered.take(order)
+    tables, start = {}, 0
+    for run in pc.value_counts(lowered).to_pylist():  # in the sorted order
+        tables[run["values"]] = rows.slice(start, run["counts"])
+        start += run["counts"]
+    return tables
 
 
 def to_topic_rows(due: pa.Table, delivered_ts: datetime, round_: int) -> pa.Table:

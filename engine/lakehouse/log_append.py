@@ -29,6 +29,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 import uuid
@@ -367,6 +368,8 @@ def conform(rows: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
         a: [[null]]
         b: [[1]]
     """
+    if rows.schema.equals(schema):
+        return rows  # (a delivery round's rows: already the table's)
     present = {name: i for i, name in enumerate(rows.column_names)}
     extra = sorted(set(present) - set(schema.names))
     if extra:
@@ -399,41 +402,83 @@ def file_stats(rows: pa.Table) -> dict[str, Any]:
     high: dict[str, Any] = {}
     nulls: dict[str, int] = {}
     small = rows.num_rows <= SMALL_FILE_ROWS
-    for name in rows.column_names[:STATS_COLUMNS]:
+    for name, kind, per_ms in _stats_plan(rows.schema):
         column = rows.column(name)
-        kind = column.type
-        if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
-            continue
         nulls[name] = column.null_count
-        if column.null_count == len(column) or not _has_bounds(kind):
+        if kind == _NULLS_ONLY or column.null_count == len(column):
+            continue
+        if kind == _TIME and small:
+            # a few rows: their epoch values, no datetime objects (the same bounds)
+            values = [v for c in column.chunks for v in c.view(pa.int64()).to_pylist()]
+            lo, hi = (
+                _ms_text(min(v for v in values if v is not None), per_ms, up=False),
+                (_ms_text(max(v for v in values if v is not None), per_ms, up=True)),
+            )
+            if lo is None or hi is None:
+                continue  # beyond what Delta's timestamps can say: no bounds (exact)
+            low[name], high[name] = lo, hi
             continue
         if small:  # a few rows: Python's min and max cost less than a compute call each
-            if pa.types.is_timestamp(kind) and kind.tz != "UTC":
-                # Python ignores fold when comparing times of one zone: compare in UTC.
-                column = column.cast(pa.timestamp(kind.unit, "UTC"))
-            values = [v for v in column.to_pylist() if v is not None]
-            lo, hi = min(values), max(values)
+            present = [v for v in column.to_pylist() if v is not None]
+            lo, hi = min(present), max(present)
         else:
             bounds = pc.min_max(column)
             lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-        if pa.types.is_timestamp(kind):
+        if kind == _TIME:
             lo, hi = _millis(lo, up=False), _millis(hi, up=True)
-        elif pa.types.is_date(kind):
+        elif kind == _DATE:
             lo, hi = lo.isoformat(), hi.isoformat()
-        elif isinstance(lo, str) and max(len(lo), len(hi)) > STATS_STRING_CHARS:
+        elif kind == _TEXT and max(len(lo), len(hi)) > STATS_STRING_CHARS:
             continue
         low[name], high[name] = lo, hi
     return {"numRecords": rows.num_rows, "minValues": low, "maxValues": high, "nullCount": nulls}
 
 
-def _has_bounds(kind: pa.DataType) -> bool:
-    if pa.types.is_timestamp(kind):
-        return kind.tz is not None  # timestamp_ntz stats would need their own format
-    return bool(
-        pa.types.is_integer(kind)
-        or pa.types.is_date(kind)
-        or pa.types.is_string(kind)
-        or pa.types.is_large_string(kind)
+_NULLS_ONLY, _NUMBER, _TIME, _DATE, _TEXT = range(5)
+#: Epoch units of each timestamp unit in a millisecond.
+_PER_MS = {"s": 0, "ms": 1, "us": 1000, "ns": 1_000_000}
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+@functools.lru_cache(maxsize=256)
+def _stats_plan(schema: pa.Schema) -> tuple[tuple[str, int, int], ...]:
+    """``(column, kind, units per ms)`` of the columns that get statistics, in order."""
+    plan = []
+    for field in list(schema)[:STATS_COLUMNS]:
+        kind = field.type
+        if pa.types.is_nested(kind) or pa.types.is_binary(kind) or pa.types.is_large_binary(kind):
+            continue
+        if pa.types.is_timestamp(kind):
+            # timestamp_ntz statistics would need their own format
+            code = _TIME if kind.tz is not None else _NULLS_ONLY
+            plan.append((field.name, code, _PER_MS[kind.unit]))
+        elif pa.types.is_integer(kind):
+            plan.append((field.name, _NUMBER, 0))
+        elif pa.types.is_date(kind):
+            plan.append((field.name, _DATE, 0))
+        elif pa.types.is_string(kind) or pa.types.is_large_string(kind):
+            plan.append((field.name, _TEXT, 0))
+        else:
+            plan.append((field.name, _NULLS_ONLY, 0))
+    return tuple(plan)
+
+
+def _ms_text(value: int, per_ms: int, *, up: bool) -> str | None:
+    """An epoch value (``per_ms`` of them a millisecond; 0: seconds) as Delta's UTC text at
+    millisecond precision, rounded outwards; ``None`` outside the years 1-9999."""
+    if per_ms == 0:
+        ms = value * 1000
+    elif up:
+        ms = -(-value // per_ms)
+    else:
+        ms = value // per_ms
+    try:
+        cut = _EPOCH + timedelta(milliseconds=ms)
+    except OverflowError:
+        return None
+    return (
+        f"{cut.year:04d}-{cut.month:02d}-{cut.day:02d}T"
+        f"{cut.hour:02d}:{cut.minute:02d}:{cut.second:02d}.{cut.microsecond // 1000:03d}Z"
     )
 
 

@@ -248,3 +248,15 @@ def test_followed_files_answer_older_versions_across_deletes_and_compaction(
     live.retire(table.latest())
     assert _rows_of(live.dataset(4)) == [f"m{i}" for i in range(5)]  # reloaded
     assert _rows_of(live.dataset(live.latest())) == ["m0", "m1", "m3", "m4", "m5"]
+
+
+def test_topic_tables_split_by_lower_case_name_keeping_each_tables_row_order() -> None:
+    topics = ["b", "Orders", "a", "orders", "b", "ORDERS", "a"]
+    rows = pa.table({"topic": topics, "n": list(range(len(topics)))})
+    tables = topic_tables(rows)
+    assert {k: v["n"].to_pylist() for k, v in tables.items()} == {
+        "a": [2, 6],
+        "b": [0, 4],
+        "orders": [1, 3, 5],
+    }
+    assert topic_tables(rows.slice(0, 0)) == {}

@@ -68,3 +68,20 @@ def test_conform_casts_only_what_differs_and_fills_a_missing_nullable_column() -
             pa.schema([pa.field("a", pa.int64(), False), ("b", pa.string())]),
             "t",
         )
+
+
+@pytest.mark.parametrize("unit", ["s", "ms", "us"])
+def test_small_files_round_times_outwards_to_milliseconds_before_and_after_1970(
+    unit: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Bounds at millisecond precision never cut a row off: the minimum rounds down and the
+    maximum up, also before the epoch, and the few-rows path says what pc.min_max says."""
+    values = [-1_500_001, -1, 0, 2_000_999, 1_764_000_000_123_456]
+    at = pa.array(values, pa.timestamp("us", "UTC")).cast(pa.timestamp(unit, "UTC"), safe=False)
+    rows = pa.table({"at": at})
+    small = file_stats(rows)
+    monkeypatch.setattr(log_append, "SMALL_FILE_ROWS", 0)
+    assert small == file_stats(rows)
+    if unit == "us":
+        assert small["minValues"]["at"] == "1969-12-31T23:59:58.499Z"
+        assert small["maxValues"]["at"] == "2025-11-24T16:00:00.124Z"
