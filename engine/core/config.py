@@ -272,6 +272,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
     "delivery.progress_interval": ("progress_interval_ms", _duration),
     "delivery.topic_writers": ("topic_writers", _positive_int),
+    "delivery.max_lead": ("max_lead_ms", _duration_or_off),
     "lease.timeout": ("lease_timeout_ms", _duration),
     "lease.standby": ("lease_standby", _bool),
     "spark.master": ("spark_master", _text),
@@ -345,6 +346,9 @@ class EngineConfig:
             start (``lease.standby``).
         topic_writers: topic tables a round writes at the same time (each is one Delta
             commit, mostly waiting on storage and the driver).
+        max_lead_ms: how far ahead of the clock the running engine may plan a round
+            (``delivery.max_lead``; 0 or ``off``: never): its topic files are written
+            before the watermark, its commits wait for it.
         spark_master: Spark master for sessions the engine builds itself.
         app_name: Spark application name.
         jars_dir: folder holding the JVM jars passed as ``spark.jars``.
@@ -411,6 +415,7 @@ class EngineConfig:
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000
     topic_writers: int = 4
+    max_lead_ms: int = 500
     lease_timeout_ms: int = 15_000
     lease_standby: bool = False
     spark_master: str = "local[2]"

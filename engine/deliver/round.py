@@ -23,7 +23,10 @@ Exactly once, across crashes and replays:
    rows they remove are left out of the topic writes;
 3. each topic table gets one write per sink (:mod:`engine.deliver.sinks`); a replayed
    round skips the writes its sinks say finished (for Delta: the table's ``txn`` record, or
-   the round's tag in its recent history);
+   the round's tag in its recent history). The Delta data files are written first, unseen;
+   the commits that show them (and Kafka sends) wait until the clock has reached ``W_k``.
+   The engine's own loop plans ``W_k`` a little ahead of the clock (``delivery.max_lead``)
+   so that the files are ready by then;
 4. then progress is committed (``status = committed``), never ahead of the delivery.
 
 After a crash between 1 and 4 the engine finds the plan and replays round ``k`` with the
@@ -39,12 +42,13 @@ Example:
 from __future__ import annotations
 
 import logging
+import statistics
 import time
-from collections import Counter
+from collections import Counter, deque
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.dataset as ds
@@ -86,7 +90,7 @@ from engine.deliver.due import (
     topic_tables,
 )
 from engine.deliver.lateness import Lateness
-from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
+from engine.deliver.sinks import SinkFactory, Sinks, SinkSet, staged_write
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker
 from engine.lakehouse.layout import Layout
@@ -95,6 +99,13 @@ from engine.lakehouse.live_files import LiveFiles
 from engine.lakehouse.offset_log import OffsetLog
 
 log = logging.getLogger(__name__)
+
+#: Rounds whose topic-file times set the lead of a round planned ahead (their median).
+LEAD_ROUNDS = 5
+#: Longest sleep while a round planned ahead waits for its watermark.
+WAIT_STEP_S = 0.05
+#: How much longer than the time it was away a round waits for its watermark.
+WAIT_SLACK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -112,8 +123,10 @@ class RoundResult:
         files_read: ``schedule`` files the round's scan read (after data skipping).
         rows_read: rows those files held (before the row filter).
         stages: seconds per stage: ``plan`` (versions, deciding commands), ``scan`` (find
-            what is due), ``commands`` (writing their outcomes, when any), ``topics`` (the
-            topic writes), ``commit`` (progress).
+            what is due), ``commands`` (writing their outcomes, when any), ``files`` (the
+            topic tables' data files, not yet seen), ``wait`` (a round planned ahead, until
+            its watermark), ``topics`` (the topic commits, and Kafka sends), ``commit``
+            (progress).
         lateness: how late the delivered rows were (``delivered_ts - deliver_ts``).
         commands: command outcomes the round decided, per result (``cancelled``, ...).
     """
@@ -171,6 +184,8 @@ class Delivery:
         self.progress = Progress(checkpoint_id="")
         self.pending: Plan | None = None
         self._last_commit = time.monotonic()
+        # seconds the last rounds that wrote took to have their topic files written
+        self._preps: deque[float] = deque(maxlen=LEAD_ROUNDS)
         self._stages: dict[str, float] = {}
         self._lap = 0.0
         # schedule's files, followed commit by commit; files every later round would skip
@@ -227,8 +242,17 @@ class Delivery:
             except Exception as err:  # the other sinks, and the engine's stop, go on
                 log.warning("closing the sinks of a delivery checkpoint failed: %s", err)
 
-    def run_round(self) -> RoundResult:
+    def run_round(self, lead_ms: int = 0) -> RoundResult:
         """Deliver what is due now; replays an interrupted round first.
+
+        Args:
+            lead_ms: plan the round this far ahead of the clock (the engine's own loop
+                gives :meth:`lead_ms`): its watermark is ``now + lead_ms``. The topic files
+                are written first, unseen; the commits that show them wait until the clock
+                has reached the watermark. A row is then shown about the commits' time after
+                it is due, instead of the scan's and the writes' as well. Never early: no
+                topic commit before the watermark. A round with commands to decide, or a
+                replay, is not planned ahead. Waits on the round's clock.
 
         Returns:
             What the round did. A round with nothing to deliver and nothing new writes
@@ -237,7 +261,7 @@ class Delivery:
         if not self._opened:
             self.open()  # never a round from the placeholder progress
         try:
-            return self._run_round()
+            return self._run_round(lead_ms)
         except BaseException:
             # A write may have landed even though the call failed (an object store's
             # rename): reload what is durable, so a round number is never used twice.
@@ -245,7 +269,7 @@ class Delivery:
             self._open_commands = True
             raise
 
-    def _run_round(self) -> RoundResult:
+    def _run_round(self, lead_ms: int) -> RoundResult:
         started = time.monotonic()
         self._stages = {}
         self._lap = started
@@ -264,6 +288,9 @@ class Delivery:
             schedule_version=self._schedule.latest(),
             commands_version=self._commands.latest(),
         )
+        if lead_ms > 0 and not self.pending and not self._commands_to_decide(prev, plan):
+            # (commands are decided against the watermark: a round with some is not ahead)
+            plan = replace(plan, watermark=now + timedelta(milliseconds=lead_ms))
         resolution = self._resolve_commands(prev, plan)
         self._time("plan")
         window = Window(prev.watermark, plan.watermark, prev.stamp_batch)
@@ -290,6 +317,9 @@ class Delivery:
         high_batch = max([prev.stamp_batch, *(r["max_batch"] for r in summary)])
         due = [r for r in summary if r["_due"] and not r["_removed"]]
         decided = resolution is not None and bool(resolution.results)
+        if not due and not decided and not replayed and plan.watermark > self.clock.now():
+            # Planned ahead, and nothing to show: progress up to now, with nothing to wait for.
+            plan = replace(plan, watermark=min(plan.watermark, self.clock.now()))
         if not due and not decided and not replayed:
             flush_due = (time.monotonic() - self._last_commit) * 1000 >= (
                 self.cfg.checkpoint_flush_ms
@@ -312,8 +342,9 @@ class Delivery:
         if resolution is not None and decided:
             self._apply_commands(resolution, plan, high_batch)
             self._time("commands")
-        delivered_ts = self.clock.now()
-        per_topic = self._write_topics(found, plan, replayed, delivered_ts)
+        # Rows are shown at the watermark or later (a round planned ahead commits then).
+        delivered_ts = max(self.clock.now(), plan.watermark)
+        per_topic = self._write_topics(found, plan, replayed, delivered_ts, started)
         self._time("topics")
         self._commit(prev, plan, summary, high_batch, resolution)
         self._time("commit")
@@ -324,11 +355,16 @@ class Delivery:
 
     # ------------------------------------------------------------- cancel / reschedule
 
+    def _commands_to_decide(self, prev: Progress, plan: Plan) -> bool:
+        """Whether the round may have commands to decide (new ones, or some left open)."""
+        new = plan.commands_version > max(prev.commands_version, self._no_commands_until)
+        # (a plan written before commands existed pins no version)
+        return plan.commands_version >= 0 and (new or self._open_commands or bool(self.pending))
+
     def _resolve_commands(self, prev: Progress, plan: Plan) -> Resolution | None:
         """Decide the open commands from the round's snapshots (``None``: there are none)."""
-        new = plan.commands_version > max(prev.commands_version, self._no_commands_until)
-        if plan.commands_version < 0 or not (new or self._open_commands or self.pending):
-            return None  # (a plan written before commands existed pins no version)
+        if not self._commands_to_decide(prev, plan):
+            return None
         commands = open_commands(self._tables, plan.commands_version, plan.round)
         if not commands:
             self._open_commands = False
@@ -405,23 +441,72 @@ class Delivery:
             )
 
     def _write_topics(
-        self, found: Candidates, plan: Plan, replayed: bool, delivered_ts: datetime
+        self,
+        found: Candidates,
+        plan: Plan,
+        replayed: bool,
+        delivered_ts: datetime,
+        started: float,
     ) -> dict[str, int]:
         # Keyed by table: topics differing only in case share one table. One write per
         # table and sink; a replayed round skips the writes its sinks say finished.
         tables = topic_tables(to_topic_rows(found.deliver, delivered_ts, plan.round))
         sinks = self.sinks()
 
-        def write(name: str) -> None:
+        def stage(name: str) -> list[Callable[[], None]]:
             rows = tables[name]
-            for sink in sinks.of(name):
-                if not (replayed and sink.written(plan.round, name)):
-                    sink.write(plan.round, name, rows, replayed)
+            return [
+                staged_write(sink, plan.round, name, rows, replayed)
+                for sink in sinks.of(name)
+                if not (replayed and sink.written(plan.round, name))
+            ]
 
-        # Each write is one commit, mostly file latency: overlap them.
+        def commit(commits: list[Callable[[], None]]) -> None:
+            for show in commits:  # in the sinks' order
+                show()
+
+        # Each write is mostly file latency: overlap them. The data files first, then,
+        # once the clock has reached the watermark, the commits that show them.
         with ThreadPoolExecutor(max_workers=self.cfg.topic_writers) as pool:
-            list(pool.map(write, sorted(tables)))
+            staged = list(pool.map(stage, sorted(tables)))
+            self._time("files")
+            if tables:
+                self._preps.append(time.monotonic() - started)
+            self._wait_until(plan.watermark)
+            self._time("wait")
+            list(pool.map(commit, staged))
         return {name: rows.num_rows for name, rows in tables.items()}
+
+    def lead_ms(self) -> int:
+        """How far ahead of the clock the next round may be planned: 1.25 times the median
+        time the last rounds that wrote took to have their topic files written, at most
+        ``delivery.max_lead`` (0 before any such round).
+
+        Example:
+            >>> delivery.lead_ms()  # doctest: +SKIP
+            40
+        """
+        if not self._preps or self.cfg.max_lead_ms <= 0:
+            return 0
+        return min(self.cfg.max_lead_ms, round(1250 * statistics.median(self._preps)))
+
+    def _wait_until(self, when: datetime) -> None:
+        """Return once the round's clock has reached ``when`` (at once when it has).
+
+        Raises:
+            RetryableError: the clock did not get there in the time it was away, and a
+                second more (it was stepped back): the plan stays, and is replayed once the
+                clock has caught up.
+        """
+        left = (when - self.clock.now()).total_seconds()
+        give_up = time.monotonic() + left + WAIT_SLACK_S
+        while left > 0:
+            if time.monotonic() > give_up:
+                raise RetryableError(
+                    f"the clock went back while round waited for its watermark {when.isoformat()}"
+                )
+            time.sleep(min(left, WAIT_STEP_S))
+            left = (when - self.clock.now()).total_seconds()
 
     def _commit(
         self,

@@ -49,6 +49,10 @@ class TopicSink(Protocol):
         """Write the round's rows of ``table`` (topic-table columns) in one commit."""
         ...
 
+    # A sink may also have ``stage(round_, table, rows, replayed) -> Callable[[], None]``:
+    # do now what no reader sees (the Delta sink: the data files), and return the call
+    # that shows the rows (see :func:`staged_write`).
+
 
 class SinkSet(Protocol):
     """The sinks of each topic table."""
@@ -104,12 +108,19 @@ class DeltaTopicSink:
 
     def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         """Append the rows in one commit that records the round."""
+        self.stage(round_, table, rows, replayed)()
+
+    def stage(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> Callable[[], None]:
+        """Write the round's data files now (invisible); the returned function commits them.
+
+        A table that does not exist yet is created here: empty, it shows no row early.
+        """
         delta = self._table(table)
         if table not in self._exist:
             if delta.latest() < 0:
                 ensure_topic_table(self.spark, self.cfg, table)
             self._exist.add(table)
-        delta.append(rows, txn=Txn(self.app_id, round_), metadata=self.tag(round_))
+        return delta.stage(rows, txn=Txn(self.app_id, round_), metadata=self.tag(round_))
 
 
 class Sinks:
@@ -142,6 +153,24 @@ class Sinks:
         delta: list[TopicSink] = [self.delta] if chosen in ("delta", "both") else []
         kafka: list[TopicSink] = [self.kafka] if chosen in ("kafka", "both") else []
         return kafka + delta
+
+
+def staged_write(
+    sink: TopicSink, round_: int, table: str, rows: pa.Table, replayed: bool
+) -> Callable[[], None]:
+    """Do what a sink's write can do before the rows may be seen; return what makes them
+    seen. A sink with a ``stage`` method (the Delta sink: the data files) prepares ahead;
+    any other sink (Kafka: a send is seen at once) does its whole write in the returned call.
+
+    Example:
+        >>> commit = staged_write(sinks.delta, 7, "orders", rows, False)  # doctest: +SKIP
+        >>> commit()  # at or after the round's watermark  # doctest: +SKIP
+    """
+    stage = getattr(sink, "stage", None)
+    if stage is None:
+        return lambda: sink.write(round_, table, rows, replayed)
+    commit: Callable[[], None] = stage(round_, table, rows, replayed)
+    return commit
 
 
 #: Builds the sinks of a delivery checkpoint: ``Sinks`` unless the engine is given another.

@@ -23,6 +23,7 @@ from __future__ import annotations
 import io
 import logging
 import threading
+from collections.abc import Callable
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -204,13 +205,41 @@ class ArrowDelta:
             KeyError: a column the table requires (not nullable) is missing from ``rows``.
             ValueError: ``rows`` has a column the table does not.
         """
+        self.stage(rows, txn=txn, metadata=metadata, file_rows=file_rows)()
+
+    def stage(
+        self,
+        rows: pa.Table,
+        *,
+        txn: Txn | None = None,
+        metadata: str | None = None,
+        file_rows: int = 0,
+    ) -> Callable[[], None]:
+        """Prepare an append ahead of its commit: the data files are written now, where the
+        table takes blind appends from the log appender, and readers see nothing of them
+        until the returned function commits (once). Arguments and errors as :meth:`append`.
+
+        Example:
+            >>> commit = orders.stage(rows, txn=Txn("delayq-deliver-9f2c", 7))  # doctest: +SKIP
+            >>> commit()  # the rows appear in one commit  # doctest: +SKIP
+        """
         with self._lock:
-            if self._appender.append(rows, txn=txn, metadata=metadata, file_rows=file_rows):
-                version = self._appender.version
-            else:
-                version = self._append_delta_rs(rows, txn, metadata, file_rows)
-        if version % CHECKPOINT_INTERVAL == 0:
-            CHECKPOINTS.request(self.path)
+            staged = self._appender.stage(rows, txn=txn, metadata=metadata, file_rows=file_rows)
+        committed = threading.Event()
+
+        def commit() -> None:
+            if committed.is_set():
+                raise RuntimeError(f"{self.path}: a staged append is committed once")
+            committed.set()
+            with self._lock:
+                if staged is not None and self._appender.commit(staged):
+                    version = self._appender.version
+                else:
+                    version = self._append_delta_rs(rows, txn, metadata, file_rows)
+            if version % CHECKPOINT_INTERVAL == 0:
+                CHECKPOINTS.request(self.path)
+
+        return commit
 
     def _append_delta_rs(
         self, rows: pa.Table, txn: Txn | None, metadata: str | None, file_rows: int

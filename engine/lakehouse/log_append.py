@@ -118,6 +118,29 @@ class _State:
     partitions: list[str]
 
 
+@dataclass
+class StagedAppend:
+    """An append whose data files are written but not committed (:meth:`LogAppender.stage`).
+
+    Attributes:
+        rows: the rows, as given.
+        adds: the ``add`` actions of the written files.
+        txn: the ``txn`` the commit records.
+        metadata: the commit's ``userMetadata``.
+        file_rows: the file size asked for (a new schema writes the files again).
+        layout: the table's schema and partition columns the files were written for.
+        done: the ``txn`` was already recorded: there is nothing to commit.
+    """
+
+    rows: pa.Table
+    adds: list[dict[str, Any]]
+    txn: Txn | None
+    metadata: str | None
+    file_rows: int
+    layout: tuple[pa.Schema, list[str]] | None
+    done: bool = False
+
+
 class LogAppender:
     """Appends to one Delta table by writing its log; not thread-safe (callers lock).
 
@@ -192,6 +215,31 @@ class LogAppender:
             ValueError: ``rows`` has a column the table does not.
             deltalake.exceptions.TableNotFoundError: no Delta table at the path.
         """
+        staged = self.stage(rows, txn=txn, metadata=metadata, file_rows=file_rows)
+        return staged is not None and self.commit(staged)
+
+    def stage(
+        self,
+        rows: pa.Table,
+        *,
+        txn: Txn | None = None,
+        metadata: str | None = None,
+        file_rows: int = 0,
+    ) -> StagedAppend | None:
+        """Write the data files of an append, not yet part of the table: readers see
+        nothing until :meth:`commit` writes the log entry that adds them.
+
+        Arguments and errors as :meth:`append`.
+
+        Returns:
+            The staged append, or ``None`` (nothing written) when the table has a feature
+            this appender does not honour.
+
+        Example:
+            >>> staged = appender.stage(rows, txn=Txn("delayq-deliver-9f2c", 7))  # doctest: +SKIP
+            >>> appender.commit(staged)  # the rows appear now  # doctest: +SKIP
+            True
+        """
         state, done = self._state, False
         fresh = state is None and not self.refused
         if fresh or (
@@ -204,11 +252,32 @@ class LogAppender:
             )
         ):
             state, done = self._load(txn)
-        if done:
-            return True  # another writer committed these rows under the same txn
+        if done:  # another writer committed these rows under the same txn
+            return StagedAppend(rows, [], txn, metadata, file_rows, None, done=True)
         if state is None:
-            return False
+            return None
         adds = self._write_files(rows, state, file_rows)
+        return StagedAppend(
+            rows, adds, txn, metadata, file_rows, (state.schema, list(state.partitions))
+        )
+
+    def commit(self, staged: StagedAppend) -> bool:
+        """Add a staged append's files to the table in one commit (the next free version).
+
+        Returns:
+            ``True`` once the rows are committed (or were, under the staged ``txn``);
+            ``False`` when the table no longer takes appends from here (its files are
+            deleted, nothing is committed).
+        """
+        if staged.done:
+            return True
+        txn, metadata, rows = staged.txn, staged.metadata, staged.rows
+        state = self._state
+        if state is None or (state.schema, state.partitions) != staged.layout:
+            # The table was read again since the files were written, for another schema.
+            self._remove(staged.adds)
+            return self.append(rows, txn=txn, metadata=metadata, file_rows=staged.file_rows)
+        adds = staged.adds
         for _ in range(COMMIT_ATTEMPTS):
             version = state.version + 1
             body = self._commit(adds, rows.num_rows, txn, metadata, version)
@@ -240,7 +309,9 @@ class LogAppender:
                     self._remove(adds)  # written for the old schema: start again
                     return done or (
                         reloaded is not None
-                        and self.append(rows, txn=txn, metadata=metadata, file_rows=file_rows)
+                        and self.append(
+                            rows, txn=txn, metadata=metadata, file_rows=staged.file_rows
+                        )
                     )
                 state = reloaded
                 continue
@@ -525,4 +596,4 @@ def _chunks(rows: pa.Table, file_rows: int) -> Iterator[pa.Table]:
         yield rows.slice(start, file_rows)
 
 
-__all__ = ["LogAppender", "conform", "file_stats", "unsupported"]
+__all__ = ["LogAppender", "StagedAppend", "conform", "file_stats", "unsupported"]

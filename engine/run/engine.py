@@ -6,7 +6,9 @@ Both run in one Spark application, as driver threads:
   (:class:`~engine.stamp.stamper.Stamper`) into ``schedule`` / ``quarantine``, looking for
   new commits every ``stamp.interval``;
 * ``delayq-deliver``: one delivery round (:meth:`Delivery.run_round`) every
-  ``delivery.poll_interval`` (at once when a round took longer); after each round the engine
+  ``delivery.poll_interval`` (at once when a round took longer), planned a little ahead of
+  the clock (up to ``delivery.max_lead``: the topic files are written before the round's
+  watermark, and committed once it is reached); after each round the engine
   names new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.Catalog`).
   A round's exactly-once state is its own (the delayOffset checkpoint), so the loop needs
   no streaming checkpoint: a plain thread saves a micro-batch's bookkeeping per round.
@@ -255,8 +257,8 @@ class Engine:
         if self._heartbeat is None:
             self.lease.renew()
 
-    def _deliver(self) -> RoundResult:
-        result = self.delivery.run_round()
+    def _deliver(self, ahead: bool = False) -> RoundResult:
+        result = self.delivery.run_round(self.delivery.lead_ms() if ahead else 0)
         # Outside the round's exactly-once section: name the tables it made.
         delta = [t for t in result.per_topic if self.cfg.sink(t) != "kafka"]
         self.catalog.after_round(delta, result.committed)
@@ -343,7 +345,7 @@ class Engine:
             with self._round:
                 if self._stopping.is_set():
                     return
-                self._deliver()
+                self._deliver(ahead=True)  # real time here: a round may be planned ahead
         except DelayQError as err:
             if not isinstance(err, RetryableError):
                 raise  # terminal: ends the delivery loop, and run() reports it

@@ -103,7 +103,7 @@ def test_on_the_cluster_every_message_once_never_early_through_a_lost_worker_and
         for proc in procs:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
     received = (tmp_path / "consumer.log").read_text().split("received ", 1)[1].split()
     assert received == sorted(ids), "each message handed to the consumer exactly once"
 

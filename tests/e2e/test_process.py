@@ -62,7 +62,7 @@ def test_kill_mid_run_then_restart_with_spark_submit(
     output = (tmp_path / "second.log").read_text()
     assert code == 0, output[-3000:]
     assert "pending none" in output
-    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
 
 
 @pytest.mark.parametrize(
@@ -169,7 +169,7 @@ def test_engine_producers_and_a_consumer_started_at_once_on_a_new_lakehouse(
         java_frames = [line for line in output.splitlines() if line.startswith("\tat ")]
         assert "Traceback" not in output and not java_frames, f"{name}:\n{output[-3000:]}"
     assert f"received {' '.join(ids)}" in outputs["consumer"]
-    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
 
 
 #: (where the engine dies, the how-many-th time it gets there); "external" is a SIGKILL from
@@ -180,7 +180,7 @@ STORM = (
     ("offset-temp", 1),
     ("stamp-after", 1),
     ("external", 0),
-    ("topic-after", 3),
+    ("topic-staged", 3),
 )
 
 
@@ -250,7 +250,7 @@ def test_kill_storm_every_message_once_never_early(
     print("\nkill storm: point, exit code, delivered before -> after")
     for point, exit_code, before, after in landed:
         print(f"  {point:13} {exit_code:4} {before:5} -> {after}")
-    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
     reasons = [
         r["reason"]
         for r in spark.read.format("delta").load(layout(cfg).quarantine).select("reason").collect()
@@ -295,7 +295,7 @@ def test_a_second_engine_is_refused_and_a_standby_takes_over_when_the_first_stop
         for proc in procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
-    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids + late)
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids + late, cfg)
 
 
 def wait_any(procs: dict[str, Any], timeout: float) -> str:

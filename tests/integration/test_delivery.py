@@ -3,20 +3,23 @@
 from __future__ import annotations
 
 import contextlib
-from datetime import timedelta
+import time
+from datetime import UTC, timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
+from pyspark.sql import functions as F
 
-from engine.core.clock import FakeClock
+from engine.core.clock import FakeClock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import RetryableError
 from engine.deliver.checkpoint import Plan
 from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
-from tests.support.crash import Crash, crash_after_writes, crash_writing
+from tests.support.crash import Crash, crash_after_writes, crash_before_commits, crash_writing
 from tests.support.faults import FaultyStore, StoreWentAway
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 
@@ -420,3 +423,73 @@ def test_a_topic_table_made_by_delta_rs_reads_like_one_made_by_spark(
     DeltaTable.createIfNotExists(spark).location(by_spark).addColumns(TOPIC).execute()
     made, expected = (spark.read.format("delta").load(p).schema for p in (path, by_spark))
     assert made == expected
+
+
+def test_a_round_planned_ahead_shows_its_rows_at_its_watermark_never_before(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    """Real clock. A round started 1 s before its rows are due and planned 1.5 s ahead
+    delivers them: it writes their files, waits for its watermark, then commits. Every topic
+    commit (its Delta log timestamp, written just before the commit appears) is at or after
+    the deliver_ts of each of its rows."""
+    clock = SystemClock()
+    topics = ("orders", "audit")
+    ids = send_many(
+        spark, cfg, [Message(topics[i % 2], f"m{i}", delay="8s") for i in range(10)], clock
+    )
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    engine.stamp_available()
+    first = engine.delivery.run_round()  # nothing is due yet (Spark's first jobs take a while)
+    assert first.delivered == 0
+    schedule = spark.read.format("delta").load(layout(cfg).schedule)
+    due = schedule.agg(F.min("deliver_ts"), F.max("deliver_ts")).first()
+    assert due is not None
+    earliest, latest = (t.replace(tzinfo=UTC) for t in due)
+    assert latest - earliest < timedelta(milliseconds=100), "one send: one store time"
+    time.sleep(max(0.0, (earliest - clock.now()).total_seconds() - 1.0))
+
+    result = engine.delivery.run_round(lead_ms=1500)
+
+    assert result.delivered == len(ids), "the round's watermark is past their time"
+    assert result.stages["wait"] > 0.05, result.stages  # the files were ready before it
+    rows = delivered_rows(spark, cfg)
+    assert {r["topic"] for r in rows} == set(topics)
+    assert_exactly_once_never_early(rows, ids, cfg)  # by delivered_ts and by the Delta log
+    for row in rows:
+        assert row["delivered_ts"].replace(tzinfo=UTC) == result.watermark  # type: ignore[union-attr]
+
+
+def test_a_round_planned_ahead_with_nothing_due_records_progress_up_to_now(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    """Nothing to show, so nothing to wait for: the progress of a round planned ahead that
+    only counts new stamped rows goes up to the time it commits, not past it."""
+    clock = SystemClock()
+    send_many(spark, cfg, [Message("orders", "later", delay="1h")], clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    engine.stamp_available()
+    before = clock.now()
+    result = engine.delivery.run_round(lead_ms=500)
+    assert result.committed and result.delivered == 0
+    assert result.stages["wait"] < 0.1, result.stages  # no wait for a watermark 500 ms on
+    assert result.watermark <= clock.now()
+    assert result.watermark < before + timedelta(milliseconds=500)
+    assert engine.delivery.progress.watermark == result.watermark
+
+
+def test_crash_after_the_files_before_the_commits_shows_nothing_then_replays_once(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    """The topic files of a round are written before any commit shows them; a crash in
+    between leaves nothing visible, and the replay delivers every row once."""
+    ids = send_many(spark, cfg, mixed_messages(12), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None, sinks=crash_before_commits()).open()
+    clock.advance(seconds=4)
+    with pytest.raises(Crash):
+        engine.step()
+    assert delivered_rows(spark, cfg) == [], "files written, none committed: none seen"
+    staged = [p for t in ("orders", "audit") for p in Path(layout(cfg).topic(t)).glob("*.parquet")]
+    assert staged, "the crashed round wrote its data files"
+
+    Engine(spark, cfg, clock, out=lambda _: None).open()  # replays the planned round
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)

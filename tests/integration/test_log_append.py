@@ -229,3 +229,36 @@ def test_a_table_made_again_at_the_same_path_is_read_again(
     assert appender.version == 1
     got = spark.read.format("delta").load(path).collect()
     assert [(r.id, r.other) for r in got] == [(7, "x")]
+
+
+def test_a_staged_append_is_unseen_until_committed(spark: SparkSession, tmp_path: Path) -> None:
+    """The data files of a staged append exist, but neither Spark nor delta-rs sees a row of
+    them until the commit; the commit shows all of them at once, with its txn."""
+    path = _spark_table(spark, tmp_path / "t")
+    table = ArrowDelta(path)
+    table.append(_rows(0, 5))
+    commit = table.stage(_rows(5, 7), txn=Txn("app", 3), metadata="round 3")
+    assert len(list(Path(path).glob("*.parquet"))) == 2, "the staged file is written"
+    assert spark.read.format("delta").load(path).count() == 5
+    assert table.dataset(table.latest()).count_rows() == 5
+    commit()
+    assert spark.read.format("delta").load(path).count() == 12
+    assert table.txn_version("app") == 3
+
+
+def test_an_append_between_stage_and_commit_and_a_second_commit_lose_and_repeat_nothing(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Another writer commits while a staged append waits: the staged commit takes the next
+    version, and committing it a second time is refused rather than adding its rows again."""
+    path = _spark_table(spark, tmp_path / "t")
+    table = ArrowDelta(path)
+    commit = table.stage(_rows(0, 4), txn=Txn("rounds", 1))
+    LogAppender(path).append(_rows(4, 3), txn=Txn("other", 1))  # another process
+    table.append(_rows(7, 2))  # this process, between the two steps
+    commit()
+    with pytest.raises(RuntimeError, match="committed once"):
+        commit()
+    ids = sorted(r.id for r in spark.read.format("delta").load(path).select("id").collect())
+    assert ids == list(range(9))
+    assert table.latest() == 3 and table.txn_version("rounds") == 1

@@ -3,17 +3,19 @@
 ``crash_after_writes()`` builds the real sinks and fails after each topic write: the round
 dies after its topic writes and before its progress commit, as a SIGKILL there would leave
 it. ``crash_writing("beta")`` fails the write of one table before it happens.
+``crash_before_commits()`` lets the Delta sink write every table's data files and fails
+before the first commit that would show them.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
-from engine.deliver.sinks import SinkFactory, Sinks, SinkSet, TopicSink
+from engine.deliver.sinks import DeltaTopicSink, SinkFactory, Sinks, SinkSet, TopicSink
 from engine.lakehouse.layout import Layout
 
 
@@ -35,6 +37,33 @@ class _CrashingSink:
         self.inner.write(round_, table, rows, replayed)
         if chosen:
             raise Crash(f"died after writing {table}, before the progress commit")
+
+
+class _StagingThenCrashing:
+    def __init__(self, inner: DeltaTopicSink) -> None:
+        self.inner = inner
+
+    def written(self, round_: int, table: str) -> bool:
+        return self.inner.written(round_, table)
+
+    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
+        self.stage(round_, table, rows, replayed)()
+
+    def stage(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> Callable[[], None]:
+        self.inner.stage(round_, table, rows, replayed)  # the data files, never committed
+
+        def commit() -> None:
+            raise Crash(f"died after writing the files of {table}, before its commit")
+
+        return commit
+
+
+class _StagingSinks:
+    def __init__(self, inner: Sinks) -> None:
+        self.inner = inner
+
+    def of(self, table: str) -> Sequence[TopicSink]:
+        return [_StagingThenCrashing(self.inner.delta)]
 
 
 class _CrashingSinks:
@@ -60,6 +89,15 @@ def _factory(tables: set[str] | None, after: bool) -> SinkFactory:
 def crash_after_writes() -> SinkFactory:
     """Sinks that write every table, then die before the round commits."""
     return _factory(None, after=True)
+
+
+def crash_before_commits() -> SinkFactory:
+    """Delta sinks that write every table's data files, then die before committing any."""
+
+    def build(spark: SparkSession, cfg: EngineConfig, layout: Layout, checkpoint: str) -> SinkSet:
+        return _StagingSinks(Sinks(spark, cfg, layout, checkpoint))
+
+    return build
 
 
 def crash_writing(*tables: str) -> SinkFactory:

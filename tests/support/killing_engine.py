@@ -7,6 +7,7 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 | POINT          | where it dies                                                        |
 |----------------|----------------------------------------------------------------------|
 | ``plan``       | a round's plan is written, no topic table yet                        |
+| ``topic-staged``| a topic table's data files are written, not committed               |
 | ``topic-before``| a topic table is about to be committed                              |
 | ``topic-after``| a topic table was committed, the round's progress not yet            |
 | ``offset-temp``| the round's progress file is half written (its temporary file only) |
@@ -30,7 +31,7 @@ from engine.deliver.sinks import DeltaTopicSink
 from engine.lakehouse.offset_log import OffsetLog
 from engine.stamp.writer import StampWriter
 
-POINTS = ("plan", "topic-before", "topic-after", "offset-temp", "stamp-after")
+POINTS = ("plan", "topic-staged", "topic-before", "topic-after", "offset-temp", "stamp-after")
 
 
 def die(point: str) -> None:
@@ -46,16 +47,23 @@ def arm(point: str, nth: int) -> None:
         if next(seen) == nth:
             die(point)
 
-    topic_write = DeltaTopicSink.write
+    topic_stage = DeltaTopicSink.stage  # (a write is a stage, then its commit)
 
-    def write_topic(
+    def stage_topic(
         self: DeltaTopicSink, round_: int, table: str, rows: Any, replayed: bool
-    ) -> None:
-        if point == "topic-before":
+    ) -> Callable[[], None]:
+        commit = topic_stage(self, round_, table, rows, replayed)
+        if point == "topic-staged":
             reached()
-        topic_write(self, round_, table, rows, replayed)
-        if point == "topic-after":
-            reached()
+
+        def commit_topic() -> None:
+            if point == "topic-before":
+                reached()
+            commit()
+            if point == "topic-after":
+                reached()
+
+        return commit_topic
 
     offset_write = OffsetLog.write
 
@@ -83,7 +91,7 @@ def arm(point: str, nth: int) -> None:
         if point == "stamp-after" and path == self.layout.schedule and rows.num_rows:
             reached()
 
-    DeltaTopicSink.write = write_topic  # type: ignore[method-assign]
+    DeltaTopicSink.stage = stage_topic  # type: ignore[method-assign]
     OffsetLog.write = write_offsets  # type: ignore[method-assign]
     StampWriter._append = append_stamped  # type: ignore[method-assign]
 

@@ -7,11 +7,12 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from engine.core.clock import FakeClock
+from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
 from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.layout import layout
 from engine.run.engine import Engine
+from jobs.tools.benchmark import commit_times
 
 START = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
 TEST_SPARK_CONF = {
@@ -40,11 +41,27 @@ def delivered_rows(spark: SparkSession, cfg: EngineConfig) -> list[dict[str, obj
     return rows
 
 
-def assert_exactly_once_never_early(rows: list[dict[str, object]], sent_ids: list[str]) -> None:
-    """Each sent id is in exactly one topic row, and no row arrived before its deliver time."""
+def assert_exactly_once_never_early(
+    rows: list[dict[str, object]], sent_ids: list[str], cfg: EngineConfig | None = None
+) -> None:
+    """Each sent id is in exactly one topic row, and no row arrived before its deliver time.
+
+    With ``cfg`` (an engine on the real clock), also by the Delta log: the commit that
+    showed each row (its ``commitInfo`` time, taken just before the commit appears) is not
+    before the row's ``deliver_ts``, whatever ``delivered_ts`` says.
+    """
     ids = [r["msg_id"] for r in rows]
     duplicates = {i for i in ids if ids.count(i) > 1}
     assert not duplicates, f"delivered twice: {sorted(duplicates)[:5]}"
     assert set(ids) == set(sent_ids), f"missing: {sorted(set(sent_ids) - set(ids))[:5]}"
     early = [r["msg_id"] for r in rows if r["delivered_ts"] < r["deliver_ts"]]  # type: ignore[operator]
     assert not early, f"delivered before deliver_ts: {early[:5]}"
+    if cfg is not None:
+        commits = {t: commit_times(layout(cfg).topic(t)) for t in list_topics(cfg)}
+        shown_early = [
+            r["msg_id"]
+            for r in rows
+            if commits[str(r["topic"]).lower()][int(r["delivery_round"])]  # type: ignore[call-overload]
+            < to_millis(r["deliver_ts"].replace(tzinfo=UTC))  # type: ignore[attr-defined]
+        ]
+        assert not shown_early, f"committed before deliver_ts: {shown_early[:5]}"
