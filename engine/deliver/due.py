@@ -223,15 +223,17 @@ def topic_tables(rows: pa.Table) -> dict[str, pa.Table]:
     if rows.num_rows == 0:
         return {}
     lowered = pc.utf8_lower(rows["topic"])
-    # One stable sort, then a slice per table (rows keep their order within a table):
-    # a filter per table cost a pass over every row for each of them.
+    # One stable sort, then a slice per run of one name (rows keep their order within a
+    # table): a filter per table cost a pass over every row for each of them.
     order = pc.sort_indices(lowered)
-    rows, lowered = rows.take(order), lowered.take(order)
-    tables, start = {}, 0
-    for run in pc.value_counts(lowered).to_pylist():  # in the sorted order
-        tables[run["values"]] = rows.slice(start, run["counts"])
-        start += run["counts"]
-    return tables
+    rows = rows.take(order)
+    keys = lowered.take(order).combine_chunks()
+    n = len(keys)
+    changed = pc.not_equal(keys.slice(1), keys.slice(0, n - 1))
+    starts = [0, *(i + 1 for i in pc.indices_nonzero(changed).to_pylist())]
+    ends = [*starts[1:], n]
+    names = keys.take(pa.array(starts, pa.int64())).to_pylist()
+    return {name: rows.slice(a, b - a) for name, a, b in zip(names, starts, ends, strict=True)}
 
 
 def to_topic_rows(due: pa.Table, delivered_ts: datetime, round_: int) -> pa.Table:

@@ -478,13 +478,16 @@ def file_stats(rows: pa.Table) -> dict[str, Any]:
         nulls[name] = column.null_count
         if kind == _NULLS_ONLY or column.null_count == len(column):
             continue
-        if kind == _TIME and small:
-            # a few rows: their epoch values, no datetime objects (the same bounds)
-            values = [v for c in column.chunks for v in c.view(pa.int64()).to_pylist()]
-            lo, hi = (
-                _ms_text(min(v for v in values if v is not None), per_ms, up=False),
-                (_ms_text(max(v for v in values if v is not None), per_ms, up=True)),
-            )
+        if kind == _TIME:
+            # from the epoch values, whatever the unit (no datetime objects)
+            if small:
+                values = [v for c in column.chunks for v in c.view(pa.int64()).to_pylist()]
+                first = min(v for v in values if v is not None)
+                last = max(v for v in values if v is not None)
+            else:
+                bounds = pc.min_max(column.cast(pa.int64()))
+                first, last = bounds["min"].as_py(), bounds["max"].as_py()
+            lo, hi = _ms_text(first, per_ms, up=False), _ms_text(last, per_ms, up=True)
             if lo is None or hi is None:
                 continue  # beyond what Delta's timestamps can say: no bounds (exact)
             low[name], high[name] = lo, hi
@@ -495,9 +498,7 @@ def file_stats(rows: pa.Table) -> dict[str, Any]:
         else:
             bounds = pc.min_max(column)
             lo, hi = bounds["min"].as_py(), bounds["max"].as_py()
-        if kind == _TIME:
-            lo, hi = _millis(lo, up=False), _millis(hi, up=True)
-        elif kind == _DATE:
+        if kind == _DATE:
             lo, hi = lo.isoformat(), hi.isoformat()
         elif kind == _TEXT and max(len(lo), len(hi)) > STATS_STRING_CHARS:
             continue
@@ -547,18 +548,6 @@ def _ms_text(value: int, per_ms: int, *, up: bool) -> str | None:
         cut = _EPOCH + timedelta(milliseconds=ms)
     except OverflowError:
         return None
-    return (
-        f"{cut.year:04d}-{cut.month:02d}-{cut.day:02d}T"
-        f"{cut.hour:02d}:{cut.minute:02d}:{cut.second:02d}.{cut.microsecond // 1000:03d}Z"
-    )
-
-
-def _millis(value: datetime, *, up: bool) -> str:
-    """A UTC timestamp at millisecond precision, as Delta writes them (rounded outwards)."""
-    value = value.astimezone(UTC)
-    cut = value.replace(microsecond=value.microsecond // 1000 * 1000)
-    if up and cut != value:
-        cut += timedelta(milliseconds=1)
     return (
         f"{cut.year:04d}-{cut.month:02d}-{cut.day:02d}T"
         f"{cut.hour:02d}:{cut.minute:02d}:{cut.second:02d}.{cut.microsecond // 1000:03d}Z"

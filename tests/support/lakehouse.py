@@ -62,6 +62,6 @@ def assert_exactly_once_never_early(
             r["msg_id"]
             for r in rows
             if commits[str(r["topic"]).lower()][int(r["delivery_round"])]  # type: ignore[call-overload]
-            < to_millis(r["deliver_ts"].replace(tzinfo=UTC))  # type: ignore[attr-defined]
+            < to_millis(r["deliver_ts"].astimezone(UTC))  # type: ignore[attr-defined]
         ]
         assert not shown_early, f"committed before deliver_ts: {shown_early[:5]}"

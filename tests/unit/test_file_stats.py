@@ -70,7 +70,7 @@ def test_conform_casts_only_what_differs_and_fills_a_missing_nullable_column() -
         )
 
 
-@pytest.mark.parametrize("unit", ["s", "ms", "us"])
+@pytest.mark.parametrize("unit", ["s", "ms", "us", "ns"])
 def test_small_files_round_times_outwards_to_milliseconds_before_and_after_1970(
     unit: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
