@@ -480,7 +480,12 @@ class Delivery:
     def lead_ms(self) -> int:
         """How far ahead of the clock the next round may be planned: 1.25 times the median
         time the last rounds that wrote took to have their topic files written, at most
-        ``delivery.max_lead`` (0 before any such round).
+        ``delivery.max_lead`` and 3/4 of ``delivery.poll_interval`` (a longer lead would only
+        space the rounds out).
+
+        0 before any such round, and when the last committed watermark is more than a poll
+        interval old: rows may be overdue already (after a long round, or a pause), and a
+        lead would hold them back.
 
         Example:
             >>> delivery.lead_ms()  # doctest: +SKIP
@@ -488,7 +493,11 @@ class Delivery:
         """
         if not self._preps or self.cfg.max_lead_ms <= 0:
             return 0
-        return min(self.cfg.max_lead_ms, round(1250 * statistics.median(self._preps)))
+        behind = self.clock.now() - (self.pending or self.progress).watermark
+        if behind > timedelta(milliseconds=self.cfg.poll_interval_ms):
+            return 0
+        cap = min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4)
+        return min(cap, round(1250 * statistics.median(self._preps)))
 
     def _wait_until(self, when: datetime) -> None:
         """Return once the round's clock has reached ``when`` (at once when it has).

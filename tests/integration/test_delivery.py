@@ -493,3 +493,20 @@ def test_crash_after_the_files_before_the_commits_shows_nothing_then_replays_onc
 
     Engine(spark, cfg, clock, out=lambda _: None).open()  # replays the planned round
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+
+
+def test_the_lead_follows_the_rounds_and_is_dropped_when_rows_may_be_overdue(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    """The engine plans a round ahead by about the time the last rounds took to write their
+    files, never more than 3/4 of the poll interval, and not at all once the last watermark
+    is more than a poll interval old (after a long round, rows are overdue: no holding back)."""
+    ids = send_many(spark, cfg, mixed_messages(6), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    assert engine.delivery.lead_ms() == 0, "no round has written yet"
+    clock.advance(seconds=4)
+    assert engine.step().delivered == len(ids)
+    lead = engine.delivery.lead_ms()
+    assert 0 < lead <= cfg.poll_interval_ms * 3 // 4
+    clock.advance(millis=cfg.poll_interval_ms + 1)
+    assert engine.delivery.lead_ms() == 0
