@@ -347,8 +347,8 @@ class EngineConfig:
         topic_writers: topic tables a round writes at the same time (each is one Delta
             commit, mostly waiting on storage and the driver).
         max_lead_ms: how far ahead of the clock the running engine may plan a round
-            (``delivery.max_lead``; 0 or ``off``: never): its topic files are written
-            before the watermark, its commits wait for it.
+            (``delivery.max_lead``, and 3/4 of ``poll_interval_ms``; 0 or ``off``: never):
+            its topic files are written before the watermark, its commits wait for it.
         spark_master: Spark master for sessions the engine builds itself.
         app_name: Spark application name.
         jars_dir: folder holding the JVM jars passed as ``spark.jars``.
