@@ -186,6 +186,7 @@ class Delivery:
         self._last_commit = time.monotonic()
         # seconds the last rounds that wrote took to have their topic files written
         self._preps: deque[float] = deque(maxlen=LEAD_ROUNDS)
+        self._last_watermark = from_millis(0)  # of the last round, committed or not
         self._stages: dict[str, float] = {}
         self._lap = 0.0
         # schedule's files, followed commit by commit; files every later round would skip
@@ -320,6 +321,7 @@ class Delivery:
         if not due and not decided and not replayed and plan.watermark > self.clock.now():
             # Planned ahead, and nothing to show: progress up to now, with nothing to wait for.
             plan = replace(plan, watermark=min(plan.watermark, self.clock.now()))
+        self._last_watermark = plan.watermark  # (nothing was due before it: see lead_ms)
         if not due and not decided and not replayed:
             flush_due = (time.monotonic() - self._last_commit) * 1000 >= (
                 self.cfg.checkpoint_flush_ms
@@ -483,9 +485,9 @@ class Delivery:
         ``delivery.max_lead`` and 3/4 of ``delivery.poll_interval`` (a longer lead would only
         space the rounds out).
 
-        0 before any such round, and when the last committed watermark is more than a poll
-        interval old: rows may be overdue already (after a long round, or a pause), and a
-        lead would hold them back.
+        0 before any such round, and when the last round's watermark (committed or not) is
+        older than a poll interval plus that cap: rows may be overdue already (after a long
+        round), and a lead would hold them back.
 
         Example:
             >>> delivery.lead_ms()  # doctest: +SKIP
@@ -493,10 +495,10 @@ class Delivery:
         """
         if not self._preps or self.cfg.max_lead_ms <= 0:
             return 0
-        behind = self.clock.now() - (self.pending or self.progress).watermark
-        if behind > timedelta(milliseconds=self.cfg.poll_interval_ms):
-            return 0
         cap = min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4)
+        last = max((self.pending or self.progress).watermark, self._last_watermark)
+        if self.clock.now() - last > timedelta(milliseconds=self.cfg.poll_interval_ms + cap):
+            return 0
         return min(cap, round(1250 * statistics.median(self._preps)))
 
     def _wait_until(self, when: datetime) -> None:

@@ -499,14 +499,22 @@ def test_the_lead_follows_the_rounds_and_is_dropped_when_rows_may_be_overdue(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
     """The engine plans a round ahead by about the time the last rounds took to write their
-    files, never more than 3/4 of the poll interval, and not at all once the last watermark
-    is more than a poll interval old (after a long round, rows are overdue: no holding back)."""
+    files, never more than 3/4 of the poll interval (150 ms here), and not at all once the
+    last round's watermark is older than a poll interval and that cap (after a long round,
+    rows are overdue: no holding back). A round that found nothing due counts as the last."""
     ids = send_many(spark, cfg, mixed_messages(6), clock)
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
-    assert engine.delivery.lead_ms() == 0, "no round has written yet"
+    delivery = engine.delivery
+    assert delivery.lead_ms() == 0, "no round has written yet"
     clock.advance(seconds=4)
     assert engine.step().delivered == len(ids)
-    lead = engine.delivery.lead_ms()
-    assert 0 < lead <= cfg.poll_interval_ms * 3 // 4
-    clock.advance(millis=cfg.poll_interval_ms + 1)
-    assert engine.delivery.lead_ms() == 0
+    lead = delivery.lead_ms()
+    assert 0 < lead <= 150
+    clock.advance(millis=cfg.poll_interval_ms)
+    assert delivery.lead_ms() == lead, "the next round, a poll interval later"
+    clock.advance(millis=150 + 1)
+    assert delivery.lead_ms() == 0, "a long round: rows may be overdue"
+    assert engine.step().delivered == 0  # nothing due, nothing committed
+    assert delivery.lead_ms() == lead, "it looked up to now: nothing is overdue"
+    delivery._preps.extend([1.0] * 5)  # rounds that took a second to write their files
+    assert delivery.lead_ms() == 150
