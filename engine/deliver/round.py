@@ -268,6 +268,7 @@ class Delivery:
             # rename): reload what is durable, so a round number is never used twice.
             self.progress, self.pending = read_checkpoint(self.spark, self.layout)
             self._open_commands = True
+            self._last_watermark = from_millis(0)  # its rows may not have been delivered
             raise
 
     def _run_round(self, lead_ms: int) -> RoundResult:
@@ -319,8 +320,11 @@ class Delivery:
         due = [r for r in summary if r["_due"] and not r["_removed"]]
         decided = resolution is not None and bool(resolution.results)
         if not due and not decided and not replayed and plan.watermark > self.clock.now():
-            # Planned ahead, and nothing to show: progress up to now, with nothing to wait for.
-            plan = replace(plan, watermark=min(plan.watermark, self.clock.now()))
+            # Planned ahead, and nothing to show: progress up to now, with nothing to wait for
+            # (never below the last progress, should the clock have stepped back meanwhile:
+            # a window going back would deliver its rows again).
+            now = max(self.clock.now(), prev.watermark)
+            plan = replace(plan, watermark=min(plan.watermark, now))
         self._last_watermark = plan.watermark  # (nothing was due before it: see lead_ms)
         if not due and not decided and not replayed:
             flush_due = (time.monotonic() - self._last_commit) * 1000 >= (

@@ -200,7 +200,7 @@ def send_arrow(
             if name == "msg_id" and given.null_count:
                 # ids made only for the rows without one (making 100,000 costs 30 ms)
                 given = pc.replace_with_mask(
-                    given, pc.is_null(given), new_msg_ids(given.null_count)
+                    given, pc.is_null(given), new_msg_ids(given.null_count).cast(given.type)
                 )
             elif name == "born_ts":
                 given = pc.coalesce(given, store_ts)

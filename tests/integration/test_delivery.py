@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from datetime import UTC, timedelta
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +16,7 @@ from engine.core.clock import FakeClock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import RetryableError
 from engine.deliver.checkpoint import Plan
+from engine.deliver.round import Delivery
 from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
@@ -518,3 +519,45 @@ def test_the_lead_follows_the_rounds_and_is_dropped_when_rows_may_be_overdue(
     assert delivery.lead_ms() == lead, "it looked up to now: nothing is overdue"
     delivery._preps.extend([1.0] * 5)  # rounds that took a second to write their files
     assert delivery.lead_ms() == 150
+
+
+class _SteppingBack(FakeClock):
+    """A fake clock that steps back 5 s right after its first reading (an NTP step)."""
+
+    def __init__(self, start: datetime) -> None:
+        super().__init__(start)
+        self.readings = 0
+
+    def now(self) -> datetime:
+        self.readings += 1
+        now = super().now()
+        return now if self.readings == 1 else now - timedelta(seconds=5)
+
+
+def test_a_clock_stepping_back_in_a_round_planned_ahead_never_moves_progress_back(
+    spark: SparkSession, make_cfg: Any, clock: FakeClock
+) -> None:
+    """A round planned ahead with nothing due records progress up to the clock; if the clock
+    stepped back meanwhile, not below the progress before it (a window going back would
+    deliver its rows again)."""
+    cfg = make_cfg(checkpoint_flush_ms=1)  # a round with nothing due commits its progress
+    ids = send_many(
+        spark, cfg, [Message("orders", f"m{i}", delay_level=1) for i in range(3)], clock
+    )
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    clock.advance(seconds=2)
+    assert engine.step().delivered == len(ids)
+    before = engine.delivery.progress.watermark
+
+    stepping = _SteppingBack(clock.now() + timedelta(milliseconds=100))
+    moved = Delivery(spark, cfg, layout(cfg), stepping).open()
+    with contextlib.suppress(RetryableError):  # it waits a while for the clock to come back
+        moved.run_round(lead_ms=500)
+    assert moved.progress.watermark >= before
+
+    clock.advance(seconds=1)
+    later = Delivery(spark, cfg, layout(cfg), clock).open()
+    later.run_round()  # (the replay of a plan left pending)
+    later.run_round()
+    assert later.progress.watermark >= before
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
