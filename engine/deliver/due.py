@@ -223,17 +223,20 @@ def topic_tables(rows: pa.Table) -> dict[str, pa.Table]:
     if rows.num_rows == 0:
         return {}
     lowered = pc.utf8_lower(rows["topic"])
-    # One stable sort, then a slice per run of one name (rows keep their order within a
-    # table): a filter per table cost a pass over every row for each of them.
+    # One stable sort, then one take per run of one name (rows keep their order within a
+    # table): a filter per table cost a pass over every row for each of them. A take (not a
+    # slice of the sorted rows) gives each table arrays of its own, without an offset.
     order = pc.sort_indices(lowered)
-    rows = rows.take(order)
     keys = lowered.take(order).combine_chunks()
     n = len(keys)
     changed = pc.not_equal(keys.slice(1), keys.slice(0, n - 1))
     starts = [0, *(i + 1 for i in pc.indices_nonzero(changed).to_pylist())]
     ends = [*starts[1:], n]
     names = keys.take(pa.array(starts, pa.int64())).to_pylist()
-    return {name: rows.slice(a, b - a) for name, a, b in zip(names, starts, ends, strict=True)}
+    return {
+        name: rows.take(order.slice(a, b - a))
+        for name, a, b in zip(names, starts, ends, strict=True)
+    }
 
 
 def to_topic_rows(due: pa.Table, delivered_ts: datetime, round_: int) -> pa.Table:

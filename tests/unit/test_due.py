@@ -260,3 +260,14 @@ def test_topic_tables_split_by_lower_case_name_keeping_each_tables_row_order() -
         "orders": [1, 3, 5],
     }
     assert topic_tables(rows.slice(0, 0)) == {}
+
+
+def test_topic_tables_give_each_table_arrays_without_an_offset() -> None:
+    """The Kafka sink rebuilds list arrays from a table's map offsets and null mask, which
+    Arrow refuses for a sliced array: each table's columns start at offset 0."""
+    props = pa.array([[("p", "v")], None, [("q", "w")], None], pa.map_(pa.string(), pa.string()))
+    rows = pa.table({"topic": ["b", "a", "b", "a"], "properties": props})
+    for table in topic_tables(rows).values():
+        for maps in table["properties"].chunks:
+            assert maps.offset == 0
+            pa.ListArray.from_arrays(maps.offsets, maps.values, mask=maps.is_null())
