@@ -255,7 +255,7 @@ class ArrowDelta:
             custom["userMetadata"] = metadata
         properties = CommitProperties(
             custom_metadata=custom,
-            app_transactions=[Transaction(txn.app_id, txn.version)] if txn else None,
+            app_transactions=[Transaction(t.app_id, t.version) for t in txn.all()] if txn else None,
         )
         for attempt in range(1, APPEND_ATTEMPTS + 1):
             data = conform(rows, pa.schema(table.schema().to_arrow()), self.path)

@@ -48,10 +48,24 @@ def is_txn_race(err: BaseException) -> bool:
 @dataclass(frozen=True)
 class Txn:
     """Delta's idempotent-write pair: a write is skipped if ``version`` is not above the
-    table's recorded version for ``app_id``. Each table is idempotent on its own."""
+    table's recorded version for ``app_id``. Each table is idempotent on its own.
+
+    ``also``: more pairs the same commit records, not checked before writing (the Kafka
+    ingest records the next offset of each partition it stored, so that it knows where to
+    start again).
+
+    Example:
+        >>> Txn("delayq-kafka-in-0", 120, also=(Txn("delayq-kafka-in-1", 75),)).also[0].version
+        75
+    """
 
     app_id: str
     version: int
+    also: tuple[Txn, ...] = ()
+
+    def all(self) -> tuple[Txn, ...]:
+        """This pair and the ``also`` ones, as recorded by a commit."""
+        return (Txn(self.app_id, self.version), *self.also)
 
 
 #: What Delta raises when another writer changed the table first and nothing was

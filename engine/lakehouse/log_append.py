@@ -379,7 +379,10 @@ class LogAppender:
             info["userMetadata"] = metadata
         lines = [{"commitInfo": info}]
         if txn is not None:
-            lines.append({"txn": {"appId": txn.app_id, "version": txn.version, "lastUpdated": now}})
+            lines.extend(
+                {"txn": {"appId": t.app_id, "version": t.version, "lastUpdated": now}}
+                for t in txn.all()
+            )
         lines.extend({"add": add} for add in adds)
         return "".join(json.dumps(line, separators=(",", ":")) + "\n" for line in lines).encode()
 

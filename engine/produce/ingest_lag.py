@@ -1,10 +1,12 @@
 """How far the Kafka ingest is behind: records in Kafka not yet stored in ``commitlog``.
 
-The ingest job (:mod:`engine.produce.kafka_ingest`) is a Structured Streaming query whose
-checkpoint, ``_checkpoints/kafka_ingest``, records per micro-batch the Kafka offsets it read up
-to (``offsets/<batch>``) and which batches are stored (``commits/<batch>``). A partition's lag
-is its end offset in Kafka minus the offset of the last stored batch. Reading the checkpoint
-needs no Spark, so the engine's metrics can show the lag of an ingest job running elsewhere.
+The ingest (:mod:`engine.produce.kafka_ingest`) records in each ``commitlog`` commit the next
+offset of every partition it stored, as Delta's ``txnAppId``/``txnVersion`` =
+(:func:`offset_app_id`, offset). A partition's lag is its end offset in Kafka minus that.
+Reading the table's log needs no Spark, so the engine's metrics can show the lag of an
+ingest job running elsewhere. The Spark stream of earlier versions kept its offsets in
+``_checkpoints/kafka_ingest`` instead (:func:`stored_offsets`): they count for partitions the
+log has no offset for yet.
 
 Example:
     >>> ingest_lag(cfg)  # doctest: +SKIP
@@ -16,11 +18,22 @@ from __future__ import annotations
 import json
 
 from engine.core.config import EngineConfig
+from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.fs import list_files, read_text
 from engine.lakehouse.layout import layout
 
-#: The ingest stream's checkpoint, under the lakehouse's ``_checkpoints``.
+#: The checkpoint of the ingest's Spark stream in earlier versions (under ``_checkpoints``).
 INGEST_CHECKPOINT = "kafka_ingest"
+
+
+def offset_app_id(topic: str, partition: int) -> str:
+    """The ``txnAppId`` under which a table records the next offset of a partition.
+
+    Example:
+        >>> offset_app_id("delayq_in", 3)
+        'delayq-kafka-offset-delayq_in-3'
+    """
+    return f"delayq-kafka-offset-{topic}-{partition}"
 
 
 def _batches(folder: str) -> list[int]:
@@ -57,15 +70,15 @@ def stored_offsets(checkpoint: str) -> dict[tuple[str, int], int] | None:
 
 
 def ingest_lag(cfg: EngineConfig, timeout_s: float = 5.0) -> dict[str, int] | None:
-    """Records per Kafka topic not yet stored by the ingest job; ``None`` if it never stored
-    a batch in this lakehouse.
+    """Records per Kafka topic not yet stored by the ingest; ``None`` if it never stored a
+    record in this lakehouse.
 
     Raises:
         kafka.errors.KafkaError: the brokers (``kafka.bootstrap_servers``) cannot be asked.
     """
-    stored = stored_offsets(layout(cfg).checkpoint(INGEST_CHECKPOINT))
-    if stored is None:
-        return None
+    lay = layout(cfg)
+    earlier = stored_offsets(lay.checkpoint(INGEST_CHECKPOINT)) or {}
+    commitlog = ArrowDelta(lay.commitlog)
     from kafka import KafkaConsumer, TopicPartition
 
     ms = int(timeout_s * 1000)
@@ -76,7 +89,7 @@ def ingest_lag(cfg: EngineConfig, timeout_s: float = 5.0) -> dict[str, int] | No
         enable_auto_commit=False,
     )
     try:
-        topics = sorted({topic for topic, _ in stored})
+        topics = sorted(set(cfg.kafka_ingest_topics) | {topic for topic, _ in earlier})
         wanted = [
             TopicPartition(topic, partition)
             for topic in topics
@@ -85,7 +98,15 @@ def ingest_lag(cfg: EngineConfig, timeout_s: float = 5.0) -> dict[str, int] | No
         ends = consumer.end_offsets(wanted) if wanted else {}
     finally:
         consumer.close()
-    lag = dict.fromkeys(topics, 0)
+    stored = dict(earlier)
+    for part in ends:
+        recorded = commitlog.txn_version(offset_app_id(part.topic, part.partition))
+        if recorded is not None:
+            stored[(part.topic, part.partition)] = recorded
+    if not stored:
+        return None
+    lag = {topic: 0 for topic, _ in stored}
     for part, end in ends.items():
-        lag[part.topic] += max(int(end) - stored.get((part.topic, part.partition), 0), 0)
+        if part.topic in lag:
+            lag[part.topic] += max(int(end) - stored.get((part.topic, part.partition), 0), 0)
     return lag

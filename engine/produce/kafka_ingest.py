@@ -1,16 +1,27 @@
 """Kafka in: read Kafka topics into ``commitlog``, exactly once, bad records quarantined.
 
-A streaming query reads ``kafka.ingest_topics`` (Spark's Kafka source, headers included).
-Each micro-batch comes to the driver as Arrow, is shaped by
-:func:`engine.produce.kafka_records.parse_records`, and is appended to ``commitlog`` (and the
-records with bad headers to ``quarantine``, with the reason) as the producers' sends are:
-Parquet plus one Delta log entry, no Spark job. Both appends record Delta's
-``txnAppId``/``txnVersion`` (the batch id) and are skipped when it is recorded already, and a
-record's ``msg_id`` is its ``UNIQ_KEY`` header or else derived from its Kafka topic,
-partition, offset and timestamp: a batch replayed after a crash or restart is not stored
-twice, and a record sent twice with the same ``UNIQ_KEY`` is delivered once (stamping drops
-the second copy, see :mod:`engine.stamp.dedup`). Header names are in
-:mod:`engine.core.kafka_headers`.
+A Kafka consumer in the driver's JVM (``delayq.kafka.ArrowRecordReader``, built by ``make
+jars`` from ``build/jvm``) reads ``kafka.ingest_topics`` and hands each batch of records to
+Python as an Arrow stream (key, value, topic, partition, offset, timestamp, headers), with no
+Spark job. :func:`engine.produce.kafka_records.parse_records` shapes them and they are
+appended to ``commitlog`` (the records with bad headers to ``quarantine``, with the reason)
+as the producers' sends are: Parquet plus one Delta log entry.
+
+Where the ingest is in Kafka is kept in the same commits, not in Kafka or a checkpoint: each
+append records, for every partition of its batch, Delta's ``txnAppId``/``txnVersion`` =
+(:func:`offset_app_id`, the next offset to read). A commit stores its records and moves the
+offsets at once, so the ingest starts again, after a stop or a crash, exactly where the
+stored records end. ``quarantine`` is written first and records its own offsets;
+``commitlog`` is committed for every batch (with no rows when all were bad), so its offsets
+are where to start, and a batch read again after a crash between the two commits skips the
+records already quarantined. A record's ``msg_id`` is its ``UNIQ_KEY`` header or else
+derived from its Kafka topic, partition, offset and timestamp, and a record sent twice with
+the same ``UNIQ_KEY`` is delivered once (stamping drops the second copy, see
+:mod:`engine.stamp.dedup`). Header names are in :mod:`engine.core.kafka_headers`.
+
+Partitions without recorded offsets start at ``kafka.starting_offsets``, or where the Spark
+stream of earlier versions (``_checkpoints/kafka_ingest``) had stored up to; partitions added
+to a topic later start at their earliest offset.
 
 Example:
     >>> query = start_ingest(spark, cfg)  # doctest: +SKIP
@@ -19,30 +30,102 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import logging
+import os
+import shutil
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
 from datetime import datetime
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
-from pyspark.sql import DataFrame, SparkSession
-from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql import SparkSession
 
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.fs import stream_query_id
+from engine.lakehouse.fs import jvm
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
-from engine.produce.ingest_lag import INGEST_CHECKPOINT
+from engine.produce.ingest_lag import INGEST_CHECKPOINT, offset_app_id, stored_offsets
 from engine.produce.kafka_records import KAFKA_RECORD, parse_records
 
+log = logging.getLogger(__name__)
 
-def _append_once(table: ArrowDelta, rows: pa.Table, txn: Txn, metadata: str | None) -> None:
-    """Append ``rows`` with ``txn`` unless a commit recorded it already (a replayed batch)."""
-    done = table.txn_version(txn.app_id)
-    if done is None or done < txn.version:
-        table.append(rows, txn=txn, metadata=metadata)
+#: A partition: (Kafka topic, partition number).
+Partition = tuple[str, int]
+
+#: The consumer's settings beside ``bootstrap.servers``: larger fetches than Kafka's
+#: defaults (1 MiB per partition, 500 records per poll) for a backlog.
+CONSUMER_SETTINGS = {
+    "client.id": "delayq-kafka-ingest",
+    "max.poll.records": "20000",
+    "max.partition.fetch.bytes": "8388608",
+    "fetch.max.bytes": "67108864",
+    "receive.buffer.bytes": "1048576",
+}
+#: How long a poll waits for the first record, then for more (fewer, larger commits).
+POLL_MS = 500
+LINGER_MS = 100
+#: How often the topics are asked for partitions added since.
+PARTITIONS_EVERY_S = 10.0
+_EARLIEST, _LATEST = -2, -1
+
+
+@dataclass
+class Positions:
+    """The next offset of each partition that ``commitlog`` and ``quarantine`` have stored
+    up to (a partition not in a map: nothing recorded there)."""
+
+    commitlog: dict[Partition, int] = field(default_factory=dict)
+    quarantine: dict[Partition, int] = field(default_factory=dict)
+
+    @classmethod
+    def recorded(
+        cls, commitlog: ArrowDelta, quarantine: ArrowDelta, partitions: Iterable[Partition]
+    ) -> Positions:
+        """Read the recorded offsets of ``partitions`` from both tables' logs.
+
+        Example:
+            >>> Positions.recorded(commitlog, quarantine, [("in", 0)])  # doctest: +SKIP
+            Positions(commitlog={('in', 0): 120}, quarantine={})
+        """
+        found = cls()
+        for table, into in ((commitlog, found.commitlog), (quarantine, found.quarantine)):
+            for part in partitions:
+                version = table.txn_version(offset_app_id(*part))
+                if version is not None:
+                    into[part] = version
+        return found
+
+
+def _offsets_txn(nexts: dict[Partition, int]) -> Txn:
+    txns = [Txn(offset_app_id(*part), nxt) for part, nxt in sorted(nexts.items())]
+    return Txn(txns[0].app_id, txns[0].version, also=tuple(txns[1:]))
+
+
+def _not_stored(
+    rows: pa.Table, stored: dict[Partition, int], firsts: dict[Partition, int]
+) -> pa.Table:
+    """The rows at or after the stored offset of their partition (``firsts``: the batch's
+    first offset of each partition; only partitions that start below ``stored`` are
+    filtered, a batch read again after a crash)."""
+    again = {p: n for p, n in stored.items() if firsts.get(p, n) < n}
+    if not again or not rows.num_rows:
+        return rows
+    drop = None
+    topics, parts, offsets = rows["kafka_topic"], rows["kafka_partition"], rows["kafka_offset"]
+    for (topic, partition), nxt in again.items():
+        here = pc.and_(
+            pc.and_(pc.equal(topics, topic), pc.equal(parts, partition)), pc.less(offsets, nxt)
+        )
+        drop = here if drop is None else pc.or_(drop, here)
+    return rows.filter(pc.invert(drop))
 
 
 def write_batch(
@@ -50,44 +133,236 @@ def write_batch(
     quarantine: ArrowDelta,
     cfg: EngineConfig,
     records: pa.Table,
-    app_id: str,
-    batch_id: int,
+    positions: Positions,
     now: datetime,
 ) -> tuple[int, int]:
-    """Store one micro-batch of Kafka records (:data:`KAFKA_RECORD`); return (stored,
-    quarantined).
+    """Store a batch of Kafka records (:data:`KAFKA_RECORD`); return (stored, quarantined).
 
-    Each table's append is idempotent per (``app_id``, batch id), so a replayed batch
-    stores nothing twice. ``app_id`` must change when batch ids start again (a new
-    checkpoint): the stream's query id.
+    Records below the offsets in ``positions`` are stored already and skipped (a batch read
+    again after a crash); ``positions`` moves to the end of the batch.
 
     Example:
         >>> lay = layout(cfg)  # doctest: +SKIP
         >>> tables = ArrowDelta(lay.commitlog), ArrowDelta(lay.quarantine)  # doctest: +SKIP
-        >>> write_batch(*tables, cfg, records, "9f2c", 0, clock.now())  # doctest: +SKIP
+        >>> write_batch(*tables, cfg, records, Positions(), clock.now())  # doctest: +SKIP
         (1000, 2)
     """
+    if not records.num_rows:
+        return 0, 0
+    where = pa.table(
+        {
+            "kafka_topic": records["topic"],
+            "kafka_partition": records["partition"],
+            "kafka_offset": records["offset"],
+        }
+    )
+    ends = where.group_by(["kafka_topic", "kafka_partition"]).aggregate(
+        [("kafka_offset", "min"), ("kafka_offset", "max")]
+    )
+    parts = list(
+        zip(ends["kafka_topic"].to_pylist(), ends["kafka_partition"].to_pylist(), strict=True)
+    )
+    firsts = dict(zip(parts, ends["kafka_offset_min"].to_pylist(), strict=True))
+    nexts = {p: o + 1 for p, o in zip(parts, ends["kafka_offset_max"].to_pylist(), strict=True)}
     rows = parse_records(records, cfg, now)
+    for name in where.column_names:
+        rows = rows.append_column(name, where[name])
     refused = pc.is_valid(rows["reason"])
-    good = rows.filter(pc.invert(refused)).drop_columns(["reason"])
-    bad = rows.filter(refused)
-    if good.num_rows:
-        _append_once(
-            commitlog,
-            good,
-            Txn(f"delayq-kafka-ingest-{app_id}", batch_id),
-            f"delayq kafka ingest batch {batch_id}",
-        )
+
+    bad = _not_stored(rows.filter(refused), positions.quarantine, firsts)
     if bad.num_rows:
-        quarantined = bad.append_column(
+        quarantined = bad.drop_columns(where.column_names)
+        quarantined = quarantined.append_column(
             "stamp_batch", pa.nulls(bad.num_rows, pa.int64())
         ).append_column(
             "quarantined_ts", pa.array([now] * bad.num_rows, pa.timestamp("us", tz="UTC"))
         )
-        _append_once(
-            quarantine, quarantined, Txn(f"delayq-kafka-quarantine-{app_id}", batch_id), None
+        moved = {p: n for p, n in nexts.items() if n > positions.quarantine.get(p, -1)}
+        quarantine.append(quarantined, txn=_offsets_txn(moved), metadata=None)
+        positions.quarantine.update(moved)
+
+    # commitlog records every batch's offsets, even one of bad records only: they are
+    # where the ingest starts again.
+    moved = {p: n for p, n in nexts.items() if n > positions.commitlog.get(p, -1)}
+    good = _not_stored(rows.filter(pc.invert(refused)), positions.commitlog, firsts)
+    if moved:
+        first = min(moved.items())
+        commitlog.append(
+            good.drop_columns(["reason", *where.column_names]),
+            txn=_offsets_txn(moved),
+            metadata=f"delayq kafka ingest {first[0][0]}:{first[0][1]}@{first[1]}",
         )
+        positions.commitlog.update(moved)
     return good.num_rows, bad.num_rows
+
+
+def _read_stream(path: str) -> pa.Table:
+    """An Arrow stream file as a table of :data:`KAFKA_RECORD` (read into memory: the file
+    is written over by the next poll)."""
+    with pa.OSFile(path, "rb") as source:
+        table = pa.ipc.open_stream(source).read_all()
+    return pa.Table.from_arrays(
+        [table[name].cast(KAFKA_RECORD.field(name).type) for name in KAFKA_RECORD.names],
+        schema=KAFKA_RECORD,
+    )
+
+
+class KafkaIngest:
+    """The ingest loop: a reader in the driver's JVM, the records stored batch by batch.
+
+    Args:
+        spark: a session with ``make jars``'s class path (the reader and kafka-clients).
+        cfg: brokers, topics, topic map, starting offsets, batch size.
+        clock: ``store_ts`` of the stored records.
+        out: where a line per stored batch goes.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        cfg: EngineConfig,
+        clock: Clock | None = None,
+        out: Callable[[str], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.clock = clock or SystemClock()
+        self.out = out
+        lay = layout(cfg)
+        self.commitlog = ArrowDelta(lay.commitlog)
+        self.quarantine = ArrowDelta(lay.quarantine)
+        self.positions = Positions()
+        self.batches = 0
+        self._reader: Any = None
+        self._assigned: set[Partition] = set()
+        self._partitions_at = 0.0
+        self._folder = ""
+
+    def open(self) -> None:
+        """Make the tables if missing, the reader, and start each partition where the
+        tables say it stopped."""
+        ensure_tables(self.spark, self.cfg, migrate=False)  # only the engine migrates
+        settings = {"bootstrap.servers": self.cfg.kafka_bootstrap, **CONSUMER_SETTINGS}
+        view = jvm(self.spark)
+        java_settings = view.java.util.HashMap()
+        for key, value in settings.items():
+            java_settings.put(key, value)
+        self._reader = view.delayq.kafka.ArrowRecordReader(java_settings)
+        self._folder = tempfile.mkdtemp(prefix="delayq-ingest-")
+        self.assign(first=True)
+
+    def assign(self, *, first: bool = False) -> None:
+        """Read the partitions not read yet (all of them at first, later the added ones)."""
+        self._partitions_at = time.monotonic()
+        found = [
+            (topic, int(p))
+            for topic in self.cfg.kafka_ingest_topics
+            for p in self._reader.partitions(topic, 10_000)
+        ]
+        new = [part for part in found if part not in self._assigned]
+        if not new:
+            return
+        recorded = Positions.recorded(self.commitlog, self.quarantine, new)
+        self.positions.commitlog.update(recorded.commitlog)
+        self.positions.quarantine.update(recorded.quarantine)
+        earlier = stored_offsets(layout(self.cfg).checkpoint(INGEST_CHECKPOINT)) or {}
+        start = self.cfg.kafka_starting_offsets
+        for part in new:
+            offset = self.positions.commitlog.get(part, earlier.get(part))
+            if offset is None:  # nothing stored: the configured start, or a new partition's
+                offset = _LATEST if first and start == "latest" else _EARLIEST
+            self._reader.seek(part[0], part[1], str(offset))
+            self._assigned.add(part)
+        log.info("kafka ingest reads %s", ", ".join(f"{t}:{p}" for t, p in sorted(new)))
+
+    def end_offsets(self) -> dict[Partition, int]:
+        """The end offset in Kafka of each partition read."""
+        ends = self._reader.endOffsets()
+        return {(k.rsplit(":", 1)[0], int(k.rsplit(":", 1)[1])): int(v) for k, v in ends.items()}
+
+    def caught_up(self, ends: dict[Partition, int]) -> bool:
+        """Whether every partition is read up to ``ends``."""
+        return all(self._reader.position(t, p) >= end for (t, p), end in ends.items())
+
+    def step(self, timeout_ms: int = POLL_MS) -> tuple[int, int]:
+        """Read one batch (waiting up to ``timeout_ms`` for it) and store it; return (stored,
+        quarantined)."""
+        if time.monotonic() - self._partitions_at > PARTITIONS_EVERY_S or not self._assigned:
+            self.assign()
+        path = os.path.join(self._folder, "batch.arrows")
+        read = self._reader.poll(timeout_ms, LINGER_MS, self.cfg.kafka_max_offsets, path)
+        if not read:
+            return 0, 0
+        records = _read_stream(path)
+        stored, bad = write_batch(
+            self.commitlog, self.quarantine, self.cfg, records, self.positions, self.clock.now()
+        )
+        self.batches += 1
+        if self.out is not None and (stored or bad):
+            self.out(f"batch {self.batches}: {stored} records stored, {bad} quarantined")
+        return stored, bad
+
+    def close(self) -> None:
+        """Close the reader (its connections to the brokers)."""
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._folder:
+            shutil.rmtree(self._folder, ignore_errors=True)
+
+
+class IngestQuery:
+    """A running ingest, in a thread of its own; stopped as a streaming query is.
+
+    Example:
+        >>> query = start_ingest(spark, cfg)  # doctest: +SKIP
+        >>> query.stop()  # doctest: +SKIP
+    """
+
+    def __init__(self, ingest: KafkaIngest, *, available_now: bool) -> None:
+        self.ingest = ingest
+        self.available_now = available_now
+        self._stop = threading.Event()
+        self._failed: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name="delayq-kafka-ingest", daemon=True)
+
+    def start(self) -> IngestQuery:
+        """Open the reader here (errors raise now), then read in the thread."""
+        self.ingest.open()
+        self._thread.start()
+        return self
+
+    def _run(self) -> None:
+        try:
+            ends = self.ingest.end_offsets() if self.available_now else None
+            while not self._stop.is_set():
+                self.ingest.step()
+                if ends is not None and self.ingest.caught_up(ends):
+                    break
+        except BaseException as err:  # kept for exception(); the caller decides
+            log.exception("kafka ingest failed")
+            self._failed = err
+        finally:
+            self.ingest.close()
+
+    @property
+    def isActive(self) -> bool:
+        """Whether it is still reading."""
+        return self._thread.is_alive()
+
+    def awaitTermination(self, timeout: float | None = None) -> bool:
+        """Wait until it stops (``available_now``: once caught up); ``True`` once stopped."""
+        self._thread.join(timeout)
+        return not self._thread.is_alive()
+
+    def stop(self) -> None:
+        """Stop after the batch being stored, and close the reader."""
+        self._stop.set()
+        self._thread.join()
+
+    def exception(self) -> BaseException | None:
+        """What stopped it, if it failed."""
+        return self._failed
 
 
 def start_ingest(
@@ -96,55 +371,20 @@ def start_ingest(
     clock: Clock | None = None,
     *,
     available_now: bool = False,
-    trigger_interval: str = "500 milliseconds",
     out: Callable[[str], None] | None = None,
-) -> StreamingQuery:
+) -> IngestQuery:
     """Start reading ``cfg.kafka_ingest_topics`` into ``commitlog``.
 
     Args:
-        spark: a session with the Kafka connector on its class path (``make jars``).
+        spark: a session with ``make jars``'s class path (the reader and the Kafka client).
         cfg: brokers, topics, topic map, starting offsets.
         clock: ``store_ts`` of the stored records.
         available_now: read what is there now, then stop (tests, catch-up runs).
-        trigger_interval: how often to look for new records otherwise.
-        out: where a line per micro-batch goes (stored and quarantined counts).
+        out: where a line per batch goes (stored and quarantined counts).
 
     Returns:
-        The query; its checkpoint is ``_checkpoints/kafka_ingest``.
+        The running ingest (``stop()``, ``awaitTermination()``, ``isActive``,
+        ``exception()``).
     """
-    clock = clock or SystemClock()
-    ensure_tables(spark, cfg, migrate=False)  # only the engine migrates
-    source = (
-        spark.readStream.format("kafka")
-        .option("kafka.bootstrap.servers", cfg.kafka_bootstrap)
-        .option("subscribe", ",".join(cfg.kafka_ingest_topics))
-        .option("startingOffsets", cfg.kafka_starting_offsets)
-        .option("maxOffsetsPerTrigger", cfg.kafka_max_offsets)
-        .option("includeHeaders", "true")
-        .option("failOnDataLoss", "true")
-        .load()
-    )
-
-    lay = layout(cfg)
-    checkpoint = lay.checkpoint(INGEST_CHECKPOINT)
-    query_id: list[str] = []
-    commitlog, quarantine = ArrowDelta(lay.commitlog), ArrowDelta(lay.quarantine)
-
-    def run_batch(batch: DataFrame, batch_id: int) -> None:
-        if not query_id:
-            query_id.append(stream_query_id(checkpoint))
-        records = batch.select(*KAFKA_RECORD.names).toArrow()
-        stored, bad = write_batch(
-            commitlog, quarantine, cfg, records, query_id[0], batch_id, clock.now()
-        )
-        if out is not None and (stored or bad):
-            out(f"batch {batch_id}: {stored} records stored, {bad} quarantined")
-
-    writer = (
-        source.writeStream.foreachBatch(run_batch)
-        .option("checkpointLocation", checkpoint)
-        .queryName("delayq_kafka_ingest")
-    )
-    if available_now:
-        return writer.trigger(availableNow=True).start()
-    return writer.trigger(processingTime=trigger_interval).start()
+    ingest = KafkaIngest(spark, cfg, clock, out)
+    return IngestQuery(ingest, available_now=available_now).start()

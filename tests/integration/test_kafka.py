@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,12 +17,14 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
+from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.layout import layout
 from engine.lakehouse.session import REPO_ROOT
 from engine.lakehouse.storage import store_for
-from engine.produce.ingest_lag import ingest_lag
+from engine.produce.ingest_lag import ingest_lag, offset_app_id
 from engine.produce.kafka_client import DelayedProducer
+from engine.produce.kafka_ingest import KafkaIngest
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from engine.run.metrics import query_figures
@@ -105,7 +109,7 @@ def test_ingest_reads_every_header_form_and_quarantines_bad_headers(
 
 
 @pytest.mark.parametrize("where", ["local", "s3"])
-def test_ingest_restart_and_replayed_batch_store_nothing_twice(
+def test_ingest_restarts_where_the_stored_records_end(
     spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock, s3: Server, where: str
 ) -> None:
     topic = f"in_{uuid.uuid4().hex[:6]}"
@@ -122,21 +126,60 @@ def test_ingest_restart_and_replayed_batch_store_nothing_twice(
     ingest(spark, cfg, clock)
     produce(kafka, topic, [(None, f"n{i}".encode(), []) for i in range(3)])
     ingest(spark, cfg, clock)
-    assert len(rows(spark, layout(cfg).commitlog)) == 8
-
-    # a crash after the batch was stored but before Spark recorded it: the restart replays it
-    commits = f"{layout(cfg).checkpoint('kafka_ingest')}/commits"
-    store = store_for(commits)
-    last = max((n for n in store.names(commits) if n.isdigit()), key=int)
-    store.delete(f"{commits}/{last}")
-    store.delete(f"{commits}/.{last}.crc")
-    produce(kafka, topic, [(None, b"later", [])])
-    ingest(spark, cfg, clock)
-    ingest(spark, cfg, clock)
+    ingest(spark, cfg, clock)  # nothing new
     stored = rows(spark, layout(cfg).commitlog)
     bodies = sorted(r["body"].decode() for r in stored)
-    assert bodies == sorted([f"m{i}" for i in range(5)] + [f"n{i}" for i in range(3)] + ["later"])
-    assert len({r["msg_id"] for r in stored}) == 9
+    assert bodies == sorted([f"m{i}" for i in range(5)] + [f"n{i}" for i in range(3)])
+    assert len({r["msg_id"] for r in stored}) == 8
+    # where it is in Kafka is in commitlog's log, beside the records it stored
+    assert ArrowDelta(layout(cfg).commitlog).txn_version(offset_app_id(topic, 0)) == 8
+
+
+@pytest.mark.parametrize("dies", ["before commitlog", "after both"])
+def test_a_batch_read_again_after_a_crash_is_stored_once(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock, dies: str
+) -> None:
+    topic = f"in_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka, kafka_ingest_topics=(topic,))
+    produce(kafka, topic, [(None, b"good1", h(REAL_TOPIC="orders")),
+                           (None, b"bad1", h(REAL_TOPIC="orders", DELAY="x"))])  # fmt: skip
+    running = KafkaIngest(spark, cfg, clock)
+    running.open()
+    commitlog_append = running.commitlog.append
+
+    def crash(rows: Any, **kwargs: Any) -> None:
+        if dies == "after both":
+            commitlog_append(rows, **kwargs)
+        raise Crash("killed")
+
+    running.commitlog.append = crash  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        while not running.batches:
+            running.step()
+    running.close()
+    # the quarantine commit landed; the restart reads the batch again, with a record more
+    produce(kafka, topic, [(None, b"good2", h(REAL_TOPIC="orders")),
+                           (None, b"bad2", h(REAL_TOPIC="orders", DELAY="y"))])  # fmt: skip
+    ingest(spark, cfg, clock)
+    ingest(spark, cfg, clock)
+    good = sorted(r["body"] for r in rows(spark, layout(cfg).commitlog))
+    bad = sorted(r["body"] for r in rows(spark, layout(cfg).quarantine))
+    assert (good, bad) == ([b"good1", b"good2"], [b"bad1", b"bad2"])
+
+
+def test_ingest_starts_where_the_spark_stream_of_earlier_versions_stopped(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    topic = f"in_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka, kafka_ingest_topics=(topic,))
+    produce(kafka, topic, [(None, f"m{i}".encode(), h(REAL_TOPIC="orders")) for i in range(5)])
+    # the checkpoint a Spark stream left after storing offsets 0-2
+    folder = layout(cfg).checkpoint("kafka_ingest")
+    store = store_for(folder)
+    store.create(f"{folder}/offsets/0", f'v1\n{{}}\n{{"{topic}":{{"0":3}}}}\n'.encode())
+    store.create(f"{folder}/commits/0", b'v1\n{"nextBatchWatermarkMs":0}\n')
+    ingest(spark, cfg, clock)
+    assert sorted(r["body"] for r in rows(spark, layout(cfg).commitlog)) == [b"m3", b"m4"]
 
 
 def test_delivery_to_kafka_and_delta_for_the_same_topic(
@@ -241,28 +284,49 @@ def test_a_broker_that_cannot_start_shows_its_log(kafka: Broker, tmp_path: Path)
     assert "Address already in use" in message and "broker.log" in message
 
 
-def test_ingest_job_runs_with_spark_submit(
+def test_ingest_job_killed_with_sigkill_then_restarted_stores_every_record_once(
     spark: SparkSession, make_cfg: Any, kafka: Broker, tmp_path: Path
 ) -> None:
     topic = f"in_{uuid.uuid4().hex[:6]}"
     cfg = kafka_cfg(make_cfg, kafka)
-    produce(kafka, topic, [(None, b"hi", h(REAL_TOPIC="orders", DELAY="1")),
-                           (None, b"bad", h(DELAY="x", REAL_TOPIC="orders"))])  # fmt: skip
+    size = 5_000
+    records: list[tuple[bytes | None, bytes, list[Any]]] = [
+        (None, b"bad", h(DELAY="x", REAL_TOPIC="orders"))
+    ]
+    records += [(None, f"m{i}".encode(), h(REAL_TOPIC="orders", DELAY="1")) for i in range(size)]
+    produce(kafka, topic, records)
     settings = {
         "lakehouse.path": cfg.lakehouse,
         "kafka.bootstrap_servers": kafka.bootstrap_servers,
         "kafka.ingest_topics": topic,
+        "kafka.max_offsets_per_trigger": "250",
         "spark.log_level": "ERROR",
         "spark.conf.spark.ui.enabled": "false",
     }
     args = [arg for k, v in settings.items() for arg in ("--set", f"{k}={v}")]
     job = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS),
-           "jobs/kafka_ingest.py", "--available-now", *args]  # fmt: skip
+           "jobs/kafka_ingest.py", *args]  # fmt: skip
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable}
-    done = subprocess.run(job, cwd=REPO_ROOT, env=env, capture_output=True, text=True, timeout=300)
+    # kill -9 once some batches are stored, with most of them still to read
+    commitlog = ArrowDelta(layout(cfg).commitlog)
+    with subprocess.Popen(
+        job, cwd=REPO_ROOT, env=env, start_new_session=True,
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    ) as running:  # fmt: skip
+        deadline = time.monotonic() + 240
+        while (commitlog.txn_version(offset_app_id(topic, 0)) or 0) < 500:
+            assert running.poll() is None and time.monotonic() < deadline
+            time.sleep(0.05)
+        os.killpg(running.pid, signal.SIGKILL)
+    assert (commitlog.txn_version(offset_app_id(topic, 0)) or 0) < size
+    done = subprocess.run(
+        [*job, "--available-now"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
+        timeout=300,
+    )  # fmt: skip
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "1 records stored, 1 quarantined" in done.stdout
-    assert [r["body"] for r in rows(spark, layout(cfg).commitlog)] == [b"hi"]
+    assert "records stored" in done.stdout
+    stored = [r["body"] for r in rows(spark, layout(cfg).commitlog)]
+    assert len(stored) == size and set(stored) == {f"m{i}".encode() for i in range(size)}
     assert [r["reason"] for r in rows(spark, layout(cfg).quarantine)] == [
         "header DELAY='x' is not a level"
     ]
