@@ -94,6 +94,9 @@ class BenchPlan:
     drain_seconds: int = 90
     wakeups: int = 20
     kafka_messages: int = 500_000
+    #: ``kafka``: records through the same path first, not measured (the JVM compiles the
+    #: Kafka reader's and sender's code: a long-running engine has it compiled).
+    kafka_warm_messages: int = 100_000
     #: ``kafka_eos``: records sent through both Kafka sinks (at least once, exactly once).
     kafka_eos_messages: int = 100_000
     #: ``delayq`` command timings: runs through a running engine, runs with ``--local``.
@@ -134,6 +137,7 @@ SMOKE = BenchPlan(
     drain_seconds=60,
     wakeups=3,
     kafka_messages=2_000,
+    kafka_warm_messages=200,
     kafka_eos_messages=1_000,
     cli_runs=(2, 1),
     aging=(2, 5),
@@ -1138,13 +1142,21 @@ class Bench:
     def kafka(self) -> dict[str, Any]:
         """Kafka topic -> ingest -> delay (level 1) -> delivery to a Kafka topic, end to end.
 
-        Starts a broker of its own (``.kafka/lib``), writes the input records with Spark
-        (``write_to_kafka_s``), then starts the engine and the ingest stream. The clock runs
-        from the ingest's start until the output topic's end offsets hold every record (asked
-        every 50 ms, so the measuring client does not compete with the engine for the cores);
-        then the output is read with kafka-python and checked: every record once.
+        Starts a broker of its own (``.kafka/lib``) and the engine. First
+        ``kafka_warm_messages`` records go the whole way, timed but not the measure (``warm_up``:
+        the JVM compiles the Kafka reader's and sender's code then, as a running engine has
+        long done). Then the measured records are written with Spark (``write_to_kafka_s``)
+        while the ingest is stopped, and the clock runs from the ingest's start until the
+        output topic's end offsets hold every record (asked every 50 ms, so the measuring
+        client does not compete with the engine for the cores); then the output is read with
+        kafka-python and checked: every record once.
         """
-        return self._kafka("kafka", self.plan.kafka_messages, exactly_once=False)
+        return self._kafka(
+            "kafka",
+            self.plan.kafka_messages,
+            exactly_once=False,
+            warm=self.plan.kafka_warm_messages,
+        )
 
     def kafka_eos(self) -> dict[str, Any]:
         """The cost of exactly-once delivery to Kafka: the same records through the default
@@ -1168,7 +1180,7 @@ class Bench:
         )
         return runs
 
-    def _kafka(self, name: str, size: int, *, exactly_once: bool) -> dict[str, Any]:
+    def _kafka(self, name: str, size: int, *, exactly_once: bool, warm: int = 0) -> dict[str, Any]:
         from kafka import KafkaConsumer, TopicPartition
 
         from engine.lakehouse.session import REPO_ROOT
@@ -1189,10 +1201,11 @@ class Bench:
             kafka_sinks={"bench_out": "kafka"},
             kafka_exactly_once=exactly_once,
         )
-        try:
-            records = self.spark.range(size).select(
+
+        def records(count: int, prefix: str) -> DataFrame:
+            return self.spark.range(count).select(
                 F.lit("bench_in").alias("topic"),
-                F.col("id").cast("string").alias("value"),
+                F.concat(F.lit(prefix), F.col("id").cast("string")).alias("value"),
                 F.array(
                     F.struct(
                         F.lit("REAL_TOPIC").alias("key"),
@@ -1203,6 +1216,16 @@ class Bench:
                     ),
                 ).alias("headers"),
             )
+
+        def write(rows: DataFrame) -> float:
+            began = time.monotonic()
+            rows.write.format("kafka").option(
+                "kafka.bootstrap.servers", broker.bootstrap_servers
+            ).save()
+            return time.monotonic() - began
+
+        warm_up: dict[str, Any] = {}
+        try:
             consumer = KafkaConsumer(
                 bootstrap_servers=broker.bootstrap_servers,
                 auto_offset_reset="earliest",
@@ -1210,40 +1233,52 @@ class Bench:
                 consumer_timeout_ms=2000,
                 isolation_level="read_committed",
             )
-            # The input is written first: producers run elsewhere in a deployment, and on
-            # 2 cores a load generator's Spark job would take its share from the engine.
-            loading = time.monotonic()
-            records.write.format("kafka").option(
-                "kafka.bootstrap.servers", broker.bootstrap_servers
-            ).save()
-            written = time.monotonic() - loading
+
+            def arrived() -> int:
+                parts = consumer.partitions_for_topic("bench_out") or set()
+                ends = consumer.end_offsets([TopicPartition("bench_out", p) for p in parts])
+                return int(sum(ends.values()))
+
+            def run_until(count: int) -> float:
+                began = time.monotonic()
+                ingest = start_ingest(self.spark, cfg)
+                try:
+                    deadline = time.monotonic() + self.plan.drain_seconds + count / 1000
+                    while arrived() < count and time.monotonic() < deadline:
+                        time.sleep(0.05)
+                        engine.check_queries()
+                        if ingest.exception() is not None:
+                            raise RuntimeError(f"the ingest failed: {ingest.exception()}")
+                    return time.monotonic() - began
+                finally:
+                    ingest.stop()
+
             with self.engine(cfg) as engine:
+                if warm:
+                    write(records(warm, "w"))
+                    took = run_until(warm)
+                    warm_up = {
+                        "messages": warm,
+                        "seconds": round(took, 2),
+                        "msg_per_s": round(warm / max(took, 1e-9)),
+                    }
+                    self.say(f"  warm-up (not measured): {warm:,} records in {took:.1f} s")
+                # The input is written first: producers run elsewhere in a deployment, and on
+                # 2 cores a load generator's Spark job would take its share from the engine.
+                written = write(records(size, "m"))
                 pids = {"spark_jvm": self.memory.jvm_pid, "python": os.getpid()}
                 pids["broker"] = broker.pid
                 cpu_before = {proc: _cpu_s(pid) for proc, pid in pids.items()}
                 since = len(engine.stats.recent)
-                started = time.monotonic()
-                ingest = start_ingest(self.spark, cfg)
-                try:
-                    deadline = time.monotonic() + self.plan.drain_seconds + size / 1000
-                    arrived = 0
-                    while arrived < size and time.monotonic() < deadline:
-                        time.sleep(0.05)
-                        parts = consumer.partitions_for_topic("bench_out") or set()
-                        ends = consumer.end_offsets([TopicPartition("bench_out", p) for p in parts])
-                        arrived = sum(ends.values())
-                        engine.check_queries()
-                    elapsed = time.monotonic() - started
-                    cpu = {n: round(_cpu_s(pid) - cpu_before[n], 1) for n, pid in pids.items()}
-                    # The records are readable before the round that wrote them is recorded.
-                    settle = time.monotonic() + 10
-                    while time.monotonic() < settle and size > sum(
-                        r.delivered for r in list(engine.stats.recent)[since:]
-                    ):
-                        time.sleep(0.05)
-                    rounds = round_stats(engine, since)
-                finally:
-                    ingest.stop()
+                elapsed = run_until(warm + size)
+                cpu = {n: round(_cpu_s(pid) - cpu_before[n], 1) for n, pid in pids.items()}
+                # The records are readable before the round that wrote them is recorded.
+                settle = time.monotonic() + 10
+                while time.monotonic() < settle and size > sum(
+                    r.delivered for r in list(engine.stats.recent)[since:]
+                ):
+                    time.sleep(0.05)
+                rounds = round_stats(engine, since)
             reading = time.monotonic()
             consumer.subscribe(["bench_out"])
             values = [record.value for record in consumer]
@@ -1257,6 +1292,7 @@ class Bench:
             log4j.core.config.Configurator.setLevel(
                 "org.apache.kafka.clients.NetworkClient", log4j.Level.ERROR
             )
+        values = [v for v in values if not v.startswith(b"w")]
         seen = set(values)
         result = {
             "messages": size,
@@ -1273,6 +1309,8 @@ class Bench:
             "exactly_once": exactly_once,
             "delivery": rounds,
         }
+        if warm_up:
+            result["warm_up"] = warm_up
         self.say(
             f"  {len(seen):,}/{size:,} back in {elapsed:.1f} s: {result['msg_per_s']:,} msg/s "
             f"end to end (1 s delay included), {result['duplicates']} duplicates; CPU s "
