@@ -11,7 +11,9 @@ repository root, with a broker running (``make kafka-up``)::
     spark-submit --properties-file .jars/spark-defaults.conf jobs/kafka_ingest.py --available-now
 
 Options: ``--set kafka.ingest_topics=in_a,in_b`` (and any other key), ``--available-now``
-(read what is there, then stop; without it, until Ctrl-C).
+(read what is there, then stop; without it, until Ctrl-C), ``--skip-lost-records`` (where
+Kafka's retention removed records before they were stored, go on from the first record it
+has; without it the job stops and says so).
 Run the engine (``jobs/delay_engine.py``) beside it to deliver what it stores.
 """
 
@@ -39,6 +41,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--available-now", action="store_true", help="read what is in Kafka now, then stop"
     )
+    parser.add_argument(
+        "--skip-lost-records",
+        action="store_true",
+        help="where Kafka no longer holds the records after the stored ones (retention), go on "
+        "from the first record it has (the others are lost) instead of stopping",
+    )
     args = parser.parse_args(argv)
     log_file = setup_logging("kafka_ingest")
     return run_main("kafka_ingest", lambda: _ingest(args), log_file)
@@ -54,6 +62,7 @@ def _ingest(args: argparse.Namespace) -> int:
             spark,
             cfg,
             available_now=args.available_now,
+            skip_lost=args.skip_lost_records,
             out=lambda line: print(line, flush=True),
         )
         topics = ", ".join(cfg.kafka_ingest_topics)
@@ -63,8 +72,11 @@ def _ingest(args: argparse.Namespace) -> int:
         if signals.requested.is_set():
             print("kafka_ingest: stopping")
             query.stop()
-    if query.exception() is not None:
-        raise DelayQError(f"ingest stream failed: {query.exception()}")
+    failed = query.exception()
+    if isinstance(failed, DelayQError):
+        raise failed
+    if failed is not None:
+        raise DelayQError(f"ingest failed: {failed}")
     return 0
 
 

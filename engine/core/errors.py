@@ -74,3 +74,9 @@ class LakehouseHeldError(DelayQError):
 class FencedError(DelayQError):
     """Raised when another engine has taken the lakehouse over: this engine's lease epoch
     is no longer the newest, so it must not plan or commit another round."""
+
+
+class IngestError(DelayQError):
+    """Raised when the Kafka ingest cannot go on without losing records: records it has
+    not stored yet are gone from Kafka (retention), or the position it recorded is past the
+    end of a partition (the topic was made again)."""

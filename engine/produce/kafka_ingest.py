@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shutil
 import tempfile
 import threading
@@ -47,6 +48,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
+from engine.core.errors import DelayQError, IngestError
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.fs import jvm
@@ -64,6 +66,9 @@ Partition = tuple[str, int]
 #: defaults (1 MiB per partition, 500 records per poll) for a backlog.
 CONSUMER_SETTINGS = {
     "client.id": "delayq-kafka-ingest",
+    # a recorded position outside what Kafka holds fails the poll, as Spark's source does
+    # with failOnDataLoss: never a silent jump over records not stored
+    "auto.offset.reset": "none",
     "max.poll.records": "20000",
     "max.partition.fetch.bytes": "8388608",
     "fetch.max.bytes": "67108864",
@@ -215,6 +220,8 @@ class KafkaIngest:
         cfg: brokers, topics, topic map, starting offsets, batch size.
         clock: ``store_ts`` of the stored records.
         out: where a line per stored batch goes.
+        skip_lost: where Kafka no longer holds a partition's recorded position, go on from
+            its first record instead of failing (the records in between are lost).
     """
 
     def __init__(
@@ -223,11 +230,14 @@ class KafkaIngest:
         cfg: EngineConfig,
         clock: Clock | None = None,
         out: Callable[[str], None] | None = None,
+        *,
+        skip_lost: bool = False,
     ) -> None:
         self.spark = spark
         self.cfg = cfg
         self.clock = clock or SystemClock()
         self.out = out
+        self.skip_lost = skip_lost
         lay = layout(cfg)
         self.commitlog = ArrowDelta(lay.commitlog)
         self.quarantine = ArrowDelta(lay.quarantine)
@@ -243,6 +253,8 @@ class KafkaIngest:
         tables say it stopped."""
         ensure_tables(self.spark, self.cfg, migrate=False)  # only the engine migrates
         settings = {"bootstrap.servers": self.cfg.kafka_bootstrap, **CONSUMER_SETTINGS}
+        if self.skip_lost:
+            settings["auto.offset.reset"] = "earliest"
         view = jvm(self.spark)
         java_settings = view.java.util.HashMap()
         for key, value in settings.items():
@@ -290,7 +302,20 @@ class KafkaIngest:
         if time.monotonic() - self._partitions_at > PARTITIONS_EVERY_S or not self._assigned:
             self.assign()
         path = os.path.join(self._folder, "batch.arrows")
-        read = self._reader.poll(timeout_ms, LINGER_MS, self.cfg.kafka_max_offsets, path)
+        try:
+            read = self._reader.poll(timeout_ms, LINGER_MS, self.cfg.kafka_max_offsets, path)
+        except Exception as err:  # py4j's, carrying the Java exception's text
+            found = re.search(r"OffsetOutOfRangeException: ([^\n]*)", str(err))
+            if found is None:
+                raise
+            where = re.search(r"offset=(\d+).* partition (\S+)", found.group(1))
+            at = f"{where.group(2)} at offset {where.group(1)}" if where else found.group(1)
+            raise IngestError(
+                f"kafka ingest: Kafka no longer holds the records of {at}, where commitlog "
+                "recorded the ingest stopped: they were removed (retention) or the topic was "
+                "made again before they were stored. Nothing was skipped; to go on from the "
+                "first record Kafka has, run jobs/kafka_ingest.py once with --skip-lost-records"
+            ) from None
         if not read:
             return 0, 0
         records = _read_stream(path)
@@ -339,6 +364,9 @@ class IngestQuery:
                 self.ingest.step()
                 if ends is not None and self.ingest.caught_up(ends):
                     break
+        except DelayQError as err:  # a user's problem: the message says what to do
+            log.error("%s", err)
+            self._failed = err
         except BaseException as err:  # kept for exception(); the caller decides
             log.exception("kafka ingest failed")
             self._failed = err
@@ -372,6 +400,7 @@ def start_ingest(
     *,
     available_now: bool = False,
     out: Callable[[str], None] | None = None,
+    skip_lost: bool = False,
 ) -> IngestQuery:
     """Start reading ``cfg.kafka_ingest_topics`` into ``commitlog``.
 
@@ -381,10 +410,13 @@ def start_ingest(
         clock: ``store_ts`` of the stored records.
         available_now: read what is there now, then stop (tests, catch-up runs).
         out: where a line per batch goes (stored and quarantined counts).
+        skip_lost: go on from a partition's first record where Kafka no longer holds the
+            recorded position (see :class:`KafkaIngest`); without it, the ingest fails with
+            :class:`~engine.core.errors.IngestError`.
 
     Returns:
         The running ingest (``stop()``, ``awaitTermination()``, ``isActive``,
         ``exception()``).
     """
-    ingest = KafkaIngest(spark, cfg, clock, out)
+    ingest = KafkaIngest(spark, cfg, clock, out, skip_lost=skip_lost)
     return IngestQuery(ingest, available_now=available_now).start()

@@ -13,10 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kafka import KafkaAdminClient, TopicPartition
 from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
+from engine.core.errors import IngestError
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.layout import layout
@@ -24,7 +26,7 @@ from engine.lakehouse.session import REPO_ROOT
 from engine.lakehouse.storage import store_for
 from engine.produce.ingest_lag import ingest_lag, offset_app_id
 from engine.produce.kafka_client import DelayedProducer
-from engine.produce.kafka_ingest import KafkaIngest
+from engine.produce.kafka_ingest import KafkaIngest, start_ingest
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from engine.run.metrics import query_figures
@@ -165,6 +167,29 @@ def test_a_batch_read_again_after_a_crash_is_stored_once(
     good = sorted(r["body"] for r in rows(spark, layout(cfg).commitlog))
     bad = sorted(r["body"] for r in rows(spark, layout(cfg).quarantine))
     assert (good, bad) == ([b"good1", b"good2"], [b"bad1", b"bad2"])
+
+
+def test_records_gone_from_kafka_before_they_were_stored_stop_the_ingest_with_a_clear_error(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    topic = f"in_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka, kafka_ingest_topics=(topic,))
+    produce(kafka, topic, [(None, f"m{i}".encode(), h(REAL_TOPIC="orders")) for i in range(3)])
+    ingest(spark, cfg, clock)
+    produce(kafka, topic, [(None, f"n{i}".encode(), h(REAL_TOPIC="orders")) for i in range(3)])
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    admin.delete_records({TopicPartition(topic, 0): 5})  # retention took offsets 3 and 4
+    admin.close()
+    query = start_ingest(spark, cfg, clock, available_now=True)
+    query.awaitTermination(120)
+    failed = query.exception()
+    assert isinstance(failed, IngestError), failed
+    assert f"no longer holds the records of {topic}-0 at offset 3" in str(failed)
+    assert "--skip-lost-records" in str(failed)
+    # told to, it goes on from the first record Kafka has
+    start_ingest(spark, cfg, clock, available_now=True, skip_lost=True).awaitTermination(120)
+    stored = sorted(r["body"] for r in rows(spark, layout(cfg).commitlog))
+    assert stored == [b"m0", b"m1", b"m2", b"n2"]
 
 
 def test_ingest_starts_where_the_spark_stream_of_earlier_versions_stopped(
