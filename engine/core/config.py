@@ -43,6 +43,10 @@ _SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.-]+):")
 _BUCKET = re.compile(r"^[a-z0-9][a-z0-9.-]{1,61}[a-z0-9]$")
 
 
+#: Most records in one ingest batch: a batch is held in the driver's memory while stored.
+MAX_BATCH_RECORDS = 10_000_000
+
+
 def _positive_int(key: str, value: object) -> int:
     try:
         number = int(str(value))
@@ -50,6 +54,13 @@ def _positive_int(key: str, value: object) -> int:
         raise ConfigError(key, value, "expected a whole number") from None
     if number <= 0:
         raise ConfigError(key, value, "must be greater than 0")
+    return number
+
+
+def _batch_records(key: str, value: object) -> int:
+    number = _positive_int(key, value)
+    if number > MAX_BATCH_RECORDS:
+        raise ConfigError(key, value, f"must be at most {MAX_BATCH_RECORDS:,}")
     return number
 
 
@@ -289,7 +300,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "kafka.ingest_topics": ("kafka_ingest_topics", _names),
     "kafka.topic_map": ("kafka_topic_map", _topic_map),
     "kafka.starting_offsets": ("kafka_starting_offsets", _choice("earliest", "latest")),
-    "kafka.max_offsets_per_trigger": ("kafka_max_offsets", _positive_int),
+    "kafka.max_offsets_per_trigger": ("kafka_max_offsets", _batch_records),
     "kafka.exactly_once": ("kafka_exactly_once", _bool),
     "control.enabled": ("control_enabled", _bool),
     "control.host": ("control_host", _text),

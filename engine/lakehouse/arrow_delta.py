@@ -279,10 +279,8 @@ class ArrowDelta:
                 if attempt == APPEND_ATTEMPTS:
                     raise
                 table.update_incremental()
-                if txn is not None:
-                    recorded = table.transaction_version(txn.app_id)
-                    if recorded is not None and recorded >= txn.version:
-                        return int(table.version())
+                if txn is not None and txn.recorded_in(table.transaction_version):
+                    return int(table.version())
         return int(table.version())
 
     def table_property(self, name: str) -> str | None:

@@ -16,6 +16,7 @@ Example:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from delta.exceptions import (
@@ -67,6 +68,20 @@ class Txn:
         """This pair and the ``also`` ones, as recorded by a commit."""
         return (Txn(self.app_id, self.version), *self.also)
 
+    def recorded_in(self, versions: Callable[[str], int | None]) -> bool:
+        """Whether a table records every pair at its version or later (``versions``: the
+        recorded version of an app id): the commit that carried them, or a later one, is in.
+
+        Example:
+            >>> Txn("a", 3, also=(Txn("b", 5),)).recorded_in({"a": 3, "b": 4}.get)
+            False
+        """
+        for txn in self.all():
+            found = versions(txn.app_id)
+            if found is None or found < txn.version:
+                return False
+        return True
+
 
 #: What Delta raises when another writer changed the table first and nothing was
 #: committed (caught by type). A lost ``txnAppId`` race is not one: see :func:`is_txn_race`.
@@ -104,6 +119,8 @@ def append(
     """
     writer = df.write.format("delta").mode("append")
     if txn is not None:
+        if txn.also:
+            raise ValueError(f"{path}: Spark's writer records one txn, not {len(txn.all())}")
         writer = writer.option("txnAppId", txn.app_id).option("txnVersion", txn.version)
     if metadata is not None:
         writer = writer.option("userMetadata", metadata)

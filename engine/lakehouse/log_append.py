@@ -170,8 +170,7 @@ class LogAppender:
         """Read the table's state; and whether ``txn`` is already recorded in it."""
         identity = self._first_commit()  # before the read: a table made again after it differs
         table = self.store.delta_table(self.path)
-        recorded = None if txn is None else table.transaction_version(txn.app_id)
-        done = txn is not None and recorded is not None and recorded >= txn.version
+        done = txn is not None and txn.recorded_in(table.transaction_version)
         self.refused = unsupported(table)
         if self.refused:
             self._state = None
@@ -288,10 +287,8 @@ class LogAppender:
             # Another writer took this version: the same txn means the rows are in; a new
             # schema or protocol is read and checked again; anything else does not conflict.
             actions = self._read(version)
-            if txn is not None and any(
-                t.get("appId") == txn.app_id and int(t.get("version", -1)) >= txn.version
-                for t in actions.get("txn", [])
-            ):
+            theirs = {t.get("appId"): int(t.get("version", -1)) for t in actions.get("txn", [])}
+            if txn is not None and txn.recorded_in(theirs.get):
                 self._remove(adds)
                 state.version = version
                 return True

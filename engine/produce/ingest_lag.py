@@ -40,10 +40,14 @@ def _batches(folder: str) -> list[int]:
     return sorted(int(name) for name in list_files(folder) if name.isdigit())
 
 
-def stored_offsets(checkpoint: str) -> dict[tuple[str, int], int] | None:
+def stored_offsets(
+    checkpoint: str, stored_batch: int | None = None
+) -> dict[tuple[str, int], int] | None:
     """(topic, partition) -> the next offset to read after the last stored batch.
 
-    ``None`` when the stream has not stored a batch yet (or never ran).
+    ``stored_batch``: the last batch the stream's own ``txn`` in ``commitlog`` says was
+    stored; it counts when Spark had not recorded it yet (a crash between the append and
+    ``commits/<batch>``). ``None`` when the stream has not stored a batch (or never ran).
 
     Example:
         >>> stored_offsets("/nonexistent/_checkpoints/kafka_ingest") is None
@@ -51,10 +55,17 @@ def stored_offsets(checkpoint: str) -> dict[tuple[str, int], int] | None:
     """
     folder = checkpoint.rstrip("/")
     committed = _batches(f"{folder}/commits")
-    if not committed:
+    batch = committed[-1] if committed else None
+    if (
+        stored_batch is not None
+        and (batch is None or stored_batch > batch)
+        and read_text(f"{folder}/offsets/{stored_batch}") is not None
+    ):
+        batch = stored_batch
+    if batch is None:
         return None
     offsets: dict[tuple[str, int], int] = {}
-    lines = (read_text(f"{folder}/offsets/{committed[-1]}") or "").splitlines()
+    lines = (read_text(f"{folder}/offsets/{batch}") or "").splitlines()
     for line in lines[2:]:  # "v1", the batch's metadata, then one line per source
         try:
             source = json.loads(line)

@@ -51,7 +51,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError, IngestError
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.fs import jvm
+from engine.lakehouse.fs import jvm, stream_query_id
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.ingest_lag import INGEST_CHECKPOINT, offset_app_id, stored_offsets
@@ -69,6 +69,8 @@ CONSUMER_SETTINGS = {
     # a recorded position outside what Kafka holds fails the poll, as Spark's source does
     # with failOnDataLoss: never a silent jump over records not stored
     "auto.offset.reset": "none",
+    # records of aborted Kafka transactions are not messages
+    "isolation.level": "read_committed",
     "max.poll.records": "20000",
     "max.partition.fetch.bytes": "8388608",
     "fetch.max.bytes": "67108864",
@@ -261,7 +263,11 @@ class KafkaIngest:
             java_settings.put(key, value)
         self._reader = view.delayq.kafka.ArrowRecordReader(java_settings)
         self._folder = tempfile.mkdtemp(prefix="delayq-ingest-")
-        self.assign(first=True)
+        try:
+            self.assign(first=True)
+        except BaseException:
+            self.close()
+            raise
 
     def assign(self, *, first: bool = False) -> None:
         """Read the partitions not read yet (all of them at first, later the added ones)."""
@@ -277,15 +283,44 @@ class KafkaIngest:
         recorded = Positions.recorded(self.commitlog, self.quarantine, new)
         self.positions.commitlog.update(recorded.commitlog)
         self.positions.quarantine.update(recorded.quarantine)
-        earlier = stored_offsets(layout(self.cfg).checkpoint(INGEST_CHECKPOINT)) or {}
+        earlier = (
+            self._spark_stream_offsets()
+            if any(part not in self.positions.commitlog for part in new)
+            else {}
+        )
         start = self.cfg.kafka_starting_offsets
+        at_end = []
         for part in new:
             offset = self.positions.commitlog.get(part, earlier.get(part))
             if offset is None:  # nothing stored: the configured start, or a new partition's
                 offset = _LATEST if first and start == "latest" else _EARLIEST
             self._reader.seek(part[0], part[1], str(offset))
             self._assigned.add(part)
+            if offset == _LATEST:
+                at_end.append(part)
+        if at_end:
+            # "latest" is where the ingest first started, not where a restart is: recorded
+            # now, so that records sent while it is stopped are read after a restart.
+            nexts = {part: int(self._reader.position(*part)) for part in at_end}
+            empty = parse_records(KAFKA_RECORD.empty_table(), self.cfg, self.clock.now())
+            self.commitlog.append(
+                empty.drop_columns(["reason"]),
+                txn=_offsets_txn(nexts),
+                metadata="delayq kafka ingest starts at the end of the partitions",
+            )
+            self.positions.commitlog.update(nexts)
         log.info("kafka ingest reads %s", ", ".join(f"{t}:{p}" for t, p in sorted(new)))
+
+    def _spark_stream_offsets(self) -> dict[Partition, int]:
+        """Where the Spark stream of earlier versions stored up to, if it ran here."""
+        checkpoint = layout(self.cfg).checkpoint(INGEST_CHECKPOINT)
+        try:
+            query_id = stream_query_id(checkpoint)
+        except FileNotFoundError:
+            return {}
+        # its appends recorded txn (delayq-kafka-ingest-<query id>, batch id)
+        stored = self.commitlog.txn_version(f"delayq-kafka-ingest-{query_id}")
+        return stored_offsets(checkpoint, stored) or {}
 
     def end_offsets(self) -> dict[Partition, int]:
         """The end offset in Kafka of each partition read."""
@@ -300,7 +335,12 @@ class KafkaIngest:
         """Read one batch (waiting up to ``timeout_ms`` for it) and store it; return (stored,
         quarantined)."""
         if time.monotonic() - self._partitions_at > PARTITIONS_EVERY_S or not self._assigned:
-            self.assign()
+            try:
+                self.assign()
+            except Exception as err:  # a broker unreachable for a while: asked again later
+                if "TimeoutException" not in str(err):
+                    raise
+                log.warning("kafka ingest: the topics' partitions could not be read: %s", err)
         path = os.path.join(self._folder, "batch.arrows")
         try:
             read = self._reader.poll(timeout_ms, LINGER_MS, self.cfg.kafka_max_offsets, path)
@@ -379,8 +419,15 @@ class IngestQuery:
         return self._thread.is_alive()
 
     def awaitTermination(self, timeout: float | None = None) -> bool:
-        """Wait until it stops (``available_now``: once caught up); ``True`` once stopped."""
+        """Wait until it stops (``available_now``: once caught up); ``True`` once stopped.
+
+        Raises:
+            BaseException: what stopped it, as a streaming query's ``awaitTermination``
+                raises its failure.
+        """
         self._thread.join(timeout)
+        if self._failed is not None:
+            raise self._failed
         return not self._thread.is_alive()
 
     def stop(self) -> None:

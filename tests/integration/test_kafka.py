@@ -13,20 +13,23 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kafka import KafkaAdminClient, TopicPartition
+from kafka import KafkaAdminClient, KafkaConsumer, TopicPartition
+from kafka.admin import NewTopic
 from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import IngestError
 from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import list_topics
+from engine.lakehouse.delta_log import Txn, list_topics
 from engine.lakehouse.layout import layout
 from engine.lakehouse.session import REPO_ROOT
 from engine.lakehouse.storage import store_for
+from engine.lakehouse.tables import ensure_tables
 from engine.produce.ingest_lag import ingest_lag, offset_app_id
 from engine.produce.kafka_client import DelayedProducer
 from engine.produce.kafka_ingest import KafkaIngest, start_ingest
+from engine.produce.kafka_records import KAFKA_RECORD, parse_records
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from engine.run.metrics import query_figures
@@ -181,15 +184,27 @@ def test_records_gone_from_kafka_before_they_were_stored_stop_the_ingest_with_a_
     admin.delete_records({TopicPartition(topic, 0): 5})  # retention took offsets 3 and 4
     admin.close()
     query = start_ingest(spark, cfg, clock, available_now=True)
-    query.awaitTermination(120)
-    failed = query.exception()
-    assert isinstance(failed, IngestError), failed
-    assert f"no longer holds the records of {topic}-0 at offset 3" in str(failed)
-    assert "--skip-lost-records" in str(failed)
+    with pytest.raises(IngestError) as failed:
+        query.awaitTermination(120)
+    assert query.exception() is failed.value
+    assert f"no longer holds the records of {topic}-0 at offset 3" in str(failed.value)
+    assert "--skip-lost-records" in str(failed.value)
     # told to, it goes on from the first record Kafka has
     start_ingest(spark, cfg, clock, available_now=True, skip_lost=True).awaitTermination(120)
     stored = sorted(r["body"] for r in rows(spark, layout(cfg).commitlog))
     assert stored == [b"m0", b"m1", b"m2", b"n2"]
+
+
+def test_starting_at_latest_then_restarting_reads_what_came_while_stopped(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    topic = f"in_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka, kafka_ingest_topics=(topic,), kafka_starting_offsets="latest")
+    produce(kafka, topic, [(None, b"before", h(REAL_TOPIC="orders"))])
+    ingest(spark, cfg, clock)  # starts at the end: nothing stored
+    produce(kafka, topic, [(None, b"while stopped", h(REAL_TOPIC="orders"))])
+    ingest(spark, cfg, clock)
+    assert [r["body"] for r in rows(spark, layout(cfg).commitlog)] == [b"while stopped"]
 
 
 def test_ingest_starts_where_the_spark_stream_of_earlier_versions_stopped(
@@ -197,14 +212,59 @@ def test_ingest_starts_where_the_spark_stream_of_earlier_versions_stopped(
 ) -> None:
     topic = f"in_{uuid.uuid4().hex[:6]}"
     cfg = kafka_cfg(make_cfg, kafka, kafka_ingest_topics=(topic,))
-    produce(kafka, topic, [(None, f"m{i}".encode(), h(REAL_TOPIC="orders")) for i in range(5)])
-    # the checkpoint a Spark stream left after storing offsets 0-2
+    produce(kafka, topic, [(None, f"m{i}".encode(), h(REAL_TOPIC="orders")) for i in range(7)])
+    # the checkpoint a Spark stream left: batch 0 (offsets 0-2) recorded, then batch 1
+    # (3-4) appended to commitlog under its txn, and the stream killed before commits/1
     folder = layout(cfg).checkpoint("kafka_ingest")
     store = store_for(folder)
+    store.create(f"{folder}/metadata", b'{"id":"9f2c"}\n')
     store.create(f"{folder}/offsets/0", f'v1\n{{}}\n{{"{topic}":{{"0":3}}}}\n'.encode())
     store.create(f"{folder}/commits/0", b'v1\n{"nextBatchWatermarkMs":0}\n')
+    store.create(f"{folder}/offsets/1", f'v1\n{{}}\n{{"{topic}":{{"0":5}}}}\n'.encode())
+    ensure_tables(spark, cfg, migrate=False)
+    empty = parse_records(KAFKA_RECORD.empty_table(), cfg, clock.now()).drop_columns(["reason"])
+    ArrowDelta(layout(cfg).commitlog).append(empty, txn=Txn("delayq-kafka-ingest-9f2c", 1))
     ingest(spark, cfg, clock)
-    assert sorted(r["body"] for r in rows(spark, layout(cfg).commitlog)) == [b"m3", b"m4"]
+    assert sorted(r["body"] for r in rows(spark, layout(cfg).commitlog)) == [b"m5", b"m6"]
+
+
+def test_batches_across_partitions_crash_and_restart_store_every_record_once(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, clock: FakeClock
+) -> None:
+    topic = f"in_{uuid.uuid4().hex[:6]}"
+    admin = KafkaAdminClient(bootstrap_servers=kafka.bootstrap_servers)
+    admin.create_topics([NewTopic(topic, num_partitions=3, replication_factor=1)])
+    admin.close()
+    cfg = kafka_cfg(make_cfg, kafka, kafka_ingest_topics=(topic,), kafka_max_offsets=7)
+    sent = [(f"k{i % 5}".encode(), f"m{i}".encode(), h(REAL_TOPIC="orders")) for i in range(40)]
+    sent += [(b"k1", b"bad", h(REAL_TOPIC="orders", DELAY="x"))]
+    produce(kafka, topic, sent)  # type: ignore[arg-type]
+    running = KafkaIngest(spark, cfg, clock)
+    running.open()
+    append, calls = running.commitlog.append, []
+
+    def dies_on_the_third(rows: Any, **kwargs: Any) -> None:
+        calls.append(1)
+        if len(calls) == 3:
+            raise Crash("killed")
+        append(rows, **kwargs)
+
+    running.commitlog.append = dies_on_the_third  # type: ignore[method-assign]
+    with pytest.raises(Crash):
+        while True:
+            running.step()
+    running.close()
+    ingest(spark, cfg, clock)
+    good = sorted(r["body"] for r in rows(spark, layout(cfg).commitlog))
+    assert good == sorted(f"m{i}".encode() for i in range(40))
+    assert [r["body"] for r in rows(spark, layout(cfg).quarantine)] == [b"bad"]
+    consumer = KafkaConsumer(bootstrap_servers=kafka.bootstrap_servers)
+    ends = consumer.end_offsets([TopicPartition(topic, p) for p in range(3)])
+    consumer.close()
+    commitlog = ArrowDelta(layout(cfg).commitlog)
+    assert {
+        p.partition: commitlog.txn_version(offset_app_id(topic, p.partition)) for p in ends
+    } == {p.partition: end for p, end in ends.items()}
 
 
 def test_delivery_to_kafka_and_delta_for_the_same_topic(
