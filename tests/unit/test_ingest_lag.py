@@ -28,3 +28,11 @@ def test_no_stored_batch_is_no_figure(tmp_path: Path) -> None:
     assert stored_offsets(str(tmp_path)) is None
     _batch(tmp_path, 0, '{"in":{"0":5}}', committed=False)
     assert stored_offsets(str(tmp_path)) is None
+
+
+def test_a_batch_stored_but_not_recorded_by_spark_counts(tmp_path: Path) -> None:
+    _batch(tmp_path, 0, '{"in":{"0":5}}', committed=True)
+    _batch(tmp_path, 1, '{"in":{"0":9}}', committed=False)  # in commitlog, Spark killed
+    assert stored_offsets(str(tmp_path), stored_batch=1) == {("in", 0): 9}
+    assert stored_offsets(str(tmp_path), stored_batch=0) == {("in", 0): 5}
+    assert stored_offsets(str(tmp_path), stored_batch=4) == {("in", 0): 5}  # no offsets/4
