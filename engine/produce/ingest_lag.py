@@ -16,10 +16,11 @@ Example:
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
 from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.fs import list_files, read_text
+from engine.lakehouse.fs import list_files, read_text, stream_query_id
 from engine.lakehouse.layout import layout
 
 #: The checkpoint of the ingest's Spark stream in earlier versions (under ``_checkpoints``).
@@ -80,6 +81,47 @@ def stored_offsets(
     return offsets
 
 
+@dataclass(frozen=True)
+class StreamPositions:
+    """Where the Spark stream of earlier versions got to: the offsets to read again from
+    (its last recorded batch), and what each table holds beyond them (a batch appended
+    before a crash stopped Spark recording it)."""
+
+    start: dict[tuple[str, int], int]
+    commitlog: dict[tuple[str, int], int]
+    quarantine: dict[tuple[str, int], int]
+
+
+def stream_positions(
+    checkpoint: str, commitlog: ArrowDelta, quarantine: ArrowDelta
+) -> StreamPositions | None:
+    """The positions of the Spark stream that ingested here before, if one did.
+
+    Its appends recorded ``txn`` (``delayq-kafka-ingest-<query id>`` in ``commitlog``,
+    ``delayq-kafka-quarantine-<query id>`` in ``quarantine``, the batch id) before Spark
+    recorded the batch in ``commits/``.
+
+    Example:
+        >>> found = stream_positions(checkpoint, commitlog, quarantine)  # doctest: +SKIP
+        >>> found.start, found.commitlog, found.quarantine  # doctest: +SKIP
+        ({('in', 0): 3}, {('in', 0): 5}, {('in', 0): 3})
+    """
+    try:
+        query_id = stream_query_id(checkpoint)
+    except FileNotFoundError:
+        return None
+    start = stored_offsets(checkpoint)
+    if start is None:
+        return None
+    stored = commitlog.txn_version(f"delayq-kafka-ingest-{query_id}")
+    bad = quarantine.txn_version(f"delayq-kafka-quarantine-{query_id}")
+    return StreamPositions(
+        start,
+        stored_offsets(checkpoint, stored) or start,
+        stored_offsets(checkpoint, bad) or start,
+    )
+
+
 def ingest_lag(cfg: EngineConfig, timeout_s: float = 5.0) -> dict[str, int] | None:
     """Records per Kafka topic not yet stored by the ingest; ``None`` if it never stored a
     record in this lakehouse.
@@ -88,8 +130,9 @@ def ingest_lag(cfg: EngineConfig, timeout_s: float = 5.0) -> dict[str, int] | No
         kafka.errors.KafkaError: the brokers (``kafka.bootstrap_servers``) cannot be asked.
     """
     lay = layout(cfg)
-    earlier = stored_offsets(lay.checkpoint(INGEST_CHECKPOINT)) or {}
     commitlog = ArrowDelta(lay.commitlog)
+    old = stream_positions(lay.checkpoint(INGEST_CHECKPOINT), commitlog, ArrowDelta(lay.quarantine))
+    earlier = old.commitlog if old else {}
     from kafka import KafkaConsumer, TopicPartition
 
     ms = int(timeout_s * 1000)

@@ -51,10 +51,10 @@ from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError, IngestError
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.fs import jvm, stream_query_id
+from engine.lakehouse.fs import jvm
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
-from engine.produce.ingest_lag import INGEST_CHECKPOINT, offset_app_id, stored_offsets
+from engine.produce.ingest_lag import INGEST_CHECKPOINT, offset_app_id, stream_positions
 from engine.produce.kafka_records import KAFKA_RECORD, parse_records
 
 log = logging.getLogger(__name__)
@@ -283,17 +283,28 @@ class KafkaIngest:
         recorded = Positions.recorded(self.commitlog, self.quarantine, new)
         self.positions.commitlog.update(recorded.commitlog)
         self.positions.quarantine.update(recorded.quarantine)
-        earlier = (
-            self._spark_stream_offsets()
+        old = (
+            stream_positions(
+                layout(self.cfg).checkpoint(INGEST_CHECKPOINT), self.commitlog, self.quarantine
+            )
             if any(part not in self.positions.commitlog for part in new)
-            else {}
+            else None
         )
-        start = self.cfg.kafka_starting_offsets
+        # "latest" only for a topic nothing was ever stored from (not for partitions or
+        # topics added while the ingest was stopped)
+        known = {t for t, _ in [*self.positions.commitlog, *(old.start if old else ())]}
+        latest = first and self.cfg.kafka_starting_offsets == "latest"
         at_end = []
         for part in new:
-            offset = self.positions.commitlog.get(part, earlier.get(part))
+            offset = self.positions.commitlog.get(part)
+            if offset is None and old is not None and part in old.start:
+                # read again from the stream's last recorded batch; each table skips
+                # what it holds beyond it
+                offset = old.start[part]
+                self.positions.commitlog[part] = old.commitlog.get(part, offset)
+                self.positions.quarantine.setdefault(part, old.quarantine.get(part, offset))
             if offset is None:  # nothing stored: the configured start, or a new partition's
-                offset = _LATEST if first and start == "latest" else _EARLIEST
+                offset = _LATEST if latest and part[0] not in known else _EARLIEST
             self._reader.seek(part[0], part[1], str(offset))
             self._assigned.add(part)
             if offset == _LATEST:
@@ -310,17 +321,6 @@ class KafkaIngest:
             )
             self.positions.commitlog.update(nexts)
         log.info("kafka ingest reads %s", ", ".join(f"{t}:{p}" for t, p in sorted(new)))
-
-    def _spark_stream_offsets(self) -> dict[Partition, int]:
-        """Where the Spark stream of earlier versions stored up to, if it ran here."""
-        checkpoint = layout(self.cfg).checkpoint(INGEST_CHECKPOINT)
-        try:
-            query_id = stream_query_id(checkpoint)
-        except FileNotFoundError:
-            return {}
-        # its appends recorded txn (delayq-kafka-ingest-<query id>, batch id)
-        stored = self.commitlog.txn_version(f"delayq-kafka-ingest-{query_id}")
-        return stored_offsets(checkpoint, stored) or {}
 
     def end_offsets(self) -> dict[Partition, int]:
         """The end offset in Kafka of each partition read."""
@@ -369,11 +369,13 @@ class KafkaIngest:
 
     def close(self) -> None:
         """Close the reader (its connections to the brokers)."""
-        if self._reader is not None:
-            self._reader.close()
-            self._reader = None
-        if self._folder:
-            shutil.rmtree(self._folder, ignore_errors=True)
+        try:
+            if self._reader is not None:
+                reader, self._reader = self._reader, None
+                reader.close()
+        finally:
+            if self._folder:
+                shutil.rmtree(self._folder, ignore_errors=True)
 
 
 class IngestQuery:
@@ -411,7 +413,12 @@ class IngestQuery:
             log.exception("kafka ingest failed")
             self._failed = err
         finally:
-            self.ingest.close()
+            try:
+                self.ingest.close()
+            except Exception as err:
+                log.exception("kafka ingest: closing the reader failed")
+                if self._failed is None:
+                    self._failed = err
 
     @property
     def isActive(self) -> bool:

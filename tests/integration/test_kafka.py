@@ -212,9 +212,12 @@ def test_ingest_starts_where_the_spark_stream_of_earlier_versions_stopped(
 ) -> None:
     topic = f"in_{uuid.uuid4().hex[:6]}"
     cfg = kafka_cfg(make_cfg, kafka, kafka_ingest_topics=(topic,))
-    produce(kafka, topic, [(None, f"m{i}".encode(), h(REAL_TOPIC="orders")) for i in range(7)])
+    sent = [(None, f"m{i}".encode(), h(REAL_TOPIC="orders")) for i in range(7)]
+    sent[3] = (None, b"bad", h(REAL_TOPIC="orders", DELAY="x"))
+    produce(kafka, topic, sent)
     # the checkpoint a Spark stream left: batch 0 (offsets 0-2) recorded, then batch 1
-    # (3-4) appended to commitlog under its txn, and the stream killed before commits/1
+    # (3-4) appended to commitlog under its txn (m4; the test leaves the row out), and the
+    # stream killed before its quarantine append (bad) and commits/1
     folder = layout(cfg).checkpoint("kafka_ingest")
     store = store_for(folder)
     store.create(f"{folder}/metadata", b'{"id":"9f2c"}\n')
@@ -226,6 +229,7 @@ def test_ingest_starts_where_the_spark_stream_of_earlier_versions_stopped(
     ArrowDelta(layout(cfg).commitlog).append(empty, txn=Txn("delayq-kafka-ingest-9f2c", 1))
     ingest(spark, cfg, clock)
     assert sorted(r["body"] for r in rows(spark, layout(cfg).commitlog)) == [b"m5", b"m6"]
+    assert [r["body"] for r in rows(spark, layout(cfg).quarantine)] == [b"bad"]
 
 
 def test_batches_across_partitions_crash_and_restart_store_every_record_once(
