@@ -34,7 +34,7 @@ from pyspark.sql import SparkSession
 from engine.core.arrow_lists import entry_rows, grouped, take_or_null
 from engine.core.config import EngineConfig
 from engine.core.kafka_headers import HEADER_DELIVER_TS, HEADER_MSG_ID, HEADER_TAGS
-from engine.lakehouse.fs import jvm
+from engine.lakehouse.fs import java_map, jvm
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.storage import store_for
 
@@ -147,11 +147,7 @@ class _JvmSender:
     Arrow stream in a temporary file (no copy through the Python-JVM bridge)."""
 
     def __init__(self, spark: SparkSession, settings: dict[str, str]) -> None:
-        view = jvm(spark)
-        java_settings = view.java.util.HashMap()
-        for key, value in settings.items():
-            java_settings.put(key, value)
-        self._sender = view.delayq.kafka.ArrowRecordSender(java_settings)
+        self._sender = jvm(spark).delayq.kafka.ArrowRecordSender(java_map(spark, settings))
 
     def open(self) -> None:
         """Make the producer now (a transactional one aborts what an earlier one left)."""

@@ -22,6 +22,15 @@ def jvm(spark: SparkSession) -> Any:
     return view
 
 
+def java_map(spark: SparkSession, values: dict[str, str]) -> Any:
+    """A ``java.util.HashMap`` of ``values`` in the session's JVM (settings for the
+    driver-side Kafka classes in ``build/jvm``)."""
+    made = jvm(spark).java.util.HashMap()
+    for key, value in values.items():
+        made.put(key, value)
+    return made
+
+
 def hadoop_path(spark: SparkSession, location: str) -> tuple[Any, Any]:
     """A Hadoop ``Path`` for ``location`` and its ``FileSystem``."""
     path = jvm(spark).org.apache.hadoop.fs.Path(location)

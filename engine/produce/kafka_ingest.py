@@ -51,7 +51,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError, IngestError
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.fs import jvm
+from engine.lakehouse.fs import java_map, jvm
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.ingest_lag import INGEST_CHECKPOINT, offset_app_id, stream_positions
@@ -257,11 +257,8 @@ class KafkaIngest:
         settings = {"bootstrap.servers": self.cfg.kafka_bootstrap, **CONSUMER_SETTINGS}
         if self.skip_lost:
             settings["auto.offset.reset"] = "earliest"
-        view = jvm(self.spark)
-        java_settings = view.java.util.HashMap()
-        for key, value in settings.items():
-            java_settings.put(key, value)
-        self._reader = view.delayq.kafka.ArrowRecordReader(java_settings)
+        reader = jvm(self.spark).delayq.kafka.ArrowRecordReader
+        self._reader = reader(java_map(self.spark, settings))
         self._folder = tempfile.mkdtemp(prefix="delayq-ingest-")
         try:
             self.assign(first=True)
