@@ -42,6 +42,9 @@ class Served:
     jdbc: str
     connect: str
     sent: list[str]
+    #: the ids in the topic table ``orders``: the five sent before the start, and the one
+    #: ``test_beeline_...`` sends through JDBC once it has (tests may run alone)
+    orders: list[str]
 
 
 def _env() -> dict[str, str]:
@@ -94,7 +97,8 @@ def served(spark: SparkSession, tmp_path_factory: pytest.TempPathFactory) -> Ite
         wait_for(lambda: os.path.exists(address_file(cfg)), 180, "the SQL server's address file")
         wait_for(lambda: len(delivered_rows(spark, cfg)) == 6, 120, "the first deliveries")
         addresses = json.loads(Path(address_file(cfg)).read_text())
-        yield Served(cfg, engine, log, addresses["jdbc"], addresses["connect"], sent)
+        orders = sent[:5]
+        yield Served(cfg, engine, log, addresses["jdbc"], addresses["connect"], sent, orders)
     finally:
         if engine.poll() is None:
             os.killpg(engine.pid, signal.SIGKILL)
@@ -156,6 +160,7 @@ def test_beeline_reads_topics_and_views_and_sends_with_insert(served: Served) ->
         f"INSERT INTO {DB}.commitlog (msg_id, topic, body, delay_level, store_ts) VALUES "
         "('jdbc-1', 'orders', CAST('via jdbc' AS BINARY), 1, current_timestamp())"
     )
+    served.orders.append("jdbc-1")  # sent: the later tests count it (delivered below)
     wait_for(
         lambda: (
             beeline(f"SELECT count(*) AS d FROM {DB}.orders WHERE msg_id = 'jdbc-1'") == ["d", "1"]
@@ -181,7 +186,7 @@ def test_a_spark_connect_client_queries_the_views_by_name(served: Served) -> Non
     )
     assert "history sent,stamped,delivered" in output
     assert "forecast 0" in output
-    assert int(output.split("orders ", 1)[1].split()[0]) >= 5
+    assert int(output.split("orders ", 1)[1].split()[0]) == len(served.orders)
 
 
 def test_pyspark_remote_shell(served: Served) -> None:
@@ -213,7 +218,7 @@ def test_a_python_session_while_the_engine_holds_the_metastore_names_tables_itse
         ]
     )  # fmt: skip
     assert "catalog in-memory" in output
-    assert int(output.split("orders ", 1)[1].split()[0]) >= 5
+    assert int(output.split("orders ", 1)[1].split()[0]) == len(served.orders)
 
 
 def test_after_the_engine_stops_spark_sql_and_a_new_session_see_the_kept_names(
@@ -232,7 +237,8 @@ def test_after_the_engine_stops_spark_sql_and_a_new_session_see_the_kept_names(
     )  # fmt: skip
     print(f"\nspark-sql answered in {time.monotonic() - started:.1f}s")
     lines = output.split()
-    assert int(lines[0]) >= 5  # five sent before the start (and one through JDBC)
+    # five sent before the start, and (the whole module run) one through JDBC: 6
+    assert int(lines[0]) == len(served.orders), served.orders
     assert {"audit", "orders", "commitlog", "pending", "history", "delay_offset"} <= set(lines)
 
     # a new session that registers nothing sees the same names

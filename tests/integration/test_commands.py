@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,7 @@ from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError
 from engine.deliver.commands import CANCEL, Target, resolve
+from engine.deliver.round import RoundResult
 from engine.lakehouse.catalog import register_all
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send, send_df, send_many
@@ -69,14 +71,44 @@ def test_cancel_after_delivery_says_so(
 
 
 def test_cancel_racing_delivery_in_one_round_cancels_and_delivers_nothing(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     msg = send(spark, cfg, "orders", "race", delay_level=1, clock=clock)
     engine = quiet_engine(spark, cfg, clock)
     engine.step()
-    clock.advance(seconds=1)  # due now, and the cancel arrives before the round
-    asked = cancel(spark, cfg, msg, wait=0, clock=clock)
-    engine.step()
+    clock.advance(seconds=1)  # due now: the next round delivers it, unless cancelled
+    # The round that delivers it is under way (stamped, its clock read) when the cancel is
+    # issued: it is held as it is about to fix the commands it decides, until the cancel is in.
+    in_round, cancel_in = threading.Event(), threading.Event()
+    tracker = engine.delivery._commands
+    latest = tracker.latest
+
+    def held_latest() -> int:
+        in_round.set()
+        cancel_in.wait(60)
+        return latest()
+
+    monkeypatch.setattr(tracker, "latest", held_latest)
+    rounds: list[RoundResult | BaseException] = []
+
+    def run_round() -> None:
+        try:
+            rounds.append(engine.step())
+        except BaseException as err:
+            rounds.append(err)
+
+    racing = threading.Thread(target=run_round)
+    racing.start()
+    try:
+        assert in_round.wait(60), "the round never reached its commands"
+        asked = cancel(spark, cfg, msg, wait=0, clock=clock)
+        assert racing.is_alive() and not rounds, "the cancel went in while the round ran"
+    finally:
+        cancel_in.set()
+        racing.join()
+    (raced,) = rounds
+    assert isinstance(raced, RoundResult), raced
+    assert raced.commands == {"cancelled": 1} and raced.delivered == 0, "decided in that round"
     assert result_of(spark, cfg, asked.command_id, CANCEL).status == "cancelled"
     clock.advance(seconds=5)
     engine.step()

@@ -11,7 +11,7 @@ import pytest
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
-from engine.consume.consumer import Consumer, Received
+from engine.consume.consumer import WAKE_CHECK_SECONDS, Consumer, Received
 from engine.consume.deadletter import resend
 from engine.consume.group_log import GroupLog
 from engine.consume.lag import lag
@@ -24,11 +24,15 @@ from engine.core.message import PROP_DLQ_REASON, PROP_FAILURES
 from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send, send_many
 from engine.run.engine import Engine
+from jobs.tools.benchmark import commit_times
 from tests.support.lakehouse import quiet_engine
 
 pytestmark = pytest.mark.integration
 
 FAST = GroupConfig(max_reconsume_times=3, retry_delays=(1000, 2000, 3000), poll_timeout_ms=0)
+#: A waiting poll returns within this long of the commit that showed its rows: the next
+#: probe of the log (every WAKE_CHECK_SECONDS) and one read, with room for a loaded machine.
+WOKEN_WITHIN_S = 2.0
 
 
 def table_rows(spark: SparkSession, cfg: EngineConfig, topic: str) -> list[dict[str, Any]]:
@@ -212,7 +216,7 @@ def test_crash_between_nack_and_commit_retries_once(
 
 
 def test_poll_waits_returns_early_on_a_commit_and_empty_on_timeout(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = quiet_engine(spark, cfg, clock)
     send(spark, cfg, "orders", "first", clock=clock)
@@ -226,21 +230,34 @@ def test_poll_waits_returns_early_on_a_commit_and_empty_on_timeout(
     assert consumer.poll(timeout=1.5) == []
     assert time.monotonic() - started >= 1.5, "an empty poll waits out its timeout"
 
-    def deliver_later() -> None:
-        time.sleep(1.0)
-        send(spark, cfg, "orders", "second", clock=clock)
-        engine.step()
+    waiting = threading.Event()  # the poll found nothing new and waits for a commit
+    wait_for_commit = consumer._wait_for_commit
 
-    worker = threading.Thread(target=deliver_later)
-    started = time.monotonic()
+    def waits(deadline: float) -> bool:
+        waiting.set()
+        return wait_for_commit(deadline)
+
+    monkeypatch.setattr(consumer, "_wait_for_commit", waits)
+
+    def deliver_once_it_waits() -> None:
+        if waiting.wait(60):
+            send(spark, cfg, "orders", "second", clock=clock)
+            engine.step()
+
+    worker = threading.Thread(target=deliver_once_it_waits)
     worker.start()
     try:
         got = consumer.poll(timeout=120)
+        returned = time.time()
     finally:
         worker.join()
-    waited = time.monotonic() - started
-    assert bodies(got) == ["second"]
-    assert waited < 120, "returned when the rows were committed, not at the timeout"
+    assert waiting.is_set() and bodies(got) == ["second"]
+    # the commit that showed the row: its commitInfo time, taken just before it appeared
+    committed = commit_times(layout(cfg).topic("orders"))[got[0].delivery_round] / 1000
+    assert committed <= returned < committed + WOKEN_WITHIN_S, (
+        f"returned {returned - committed:.2f}s after the rows were committed: "
+        f"expected at once (probes every {WAKE_CHECK_SECONDS}s), not before, not at the timeout"
+    )
 
 
 def test_bad_calls_fail_clearly(spark: SparkSession, cfg: EngineConfig, clock: FakeClock) -> None:
@@ -466,6 +483,8 @@ def test_dead_letters_list_show_resend_purge_and_lag_in_sql(
     assert back.body == b"p1" and back.topic == "orders" and back.reconsume_times == 0
     assert back.origin_msg_id == one and back.msg_id != one
     consumer.ack()
+    clock.advance(seconds=1)  # the group's last commit, a second after its first
+    last_commit = clock.now()
     consumer.commit()
 
     code, _, err = dlq_cli(capsys, cfg, "dlq", "purge", "--group", "billing", "--all")
@@ -486,14 +505,10 @@ def test_dead_letters_list_show_resend_purge_and_lag_in_sql(
     engine.step()
     code, out, _ = dlq_cli(capsys, cfg, "status")
     assert code == 0 and "billing" in out
+    committed = str(last_commit.replace(tzinfo=None))  # as the CLI shows a UTC time
     assert [line.split() for line in out.splitlines() if line.startswith("billing")] == [
-        ["billing", "orders", "1", *line_tail(out)]
+        ["billing", "orders", "1", *committed.split()]
     ]
-
-
-def line_tail(out: str) -> list[str]:
-    line = next(x for x in out.splitlines() if x.startswith("billing"))
-    return line.split()[3:]
 
 
 def test_polls_across_many_rounds_and_a_compaction_return_each_message_once_in_order(

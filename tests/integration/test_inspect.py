@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -48,7 +48,17 @@ def test_pending_forecast_and_history(spark: SparkSession, make_cfg: Any, clock:
     # the same, in SQL (the views read the committed checkpoint)
     in_sql = spark.sql(f"SELECT msg_id FROM {cfg.database}.pending").collect()
     assert sorted(r["msg_id"] for r in in_sql) == sorted(ids[1:])
-    spark.sql(f"SELECT * FROM {cfg.database}.due_forecast").collect()
+    # due_forecast is forecast() at SQL's own clock, current_timestamp(): the real time, months
+    # after the fake clock's t0. By then all three pending messages are overdue, the one due
+    # 2 h after t0 too, so they count in the current minute (overdue ones count at "now").
+    before = datetime.now(UTC).replace(second=0, microsecond=0, tzinfo=None)
+    in_view = spark.sql(f"SELECT minute, due FROM {cfg.database}.due_forecast").collect()
+    after = datetime.now(UTC).replace(second=0, microsecond=0, tzinfo=None)
+    view = [(r["minute"], r["due"]) for r in in_view]
+    assert len(view) == 1 and before <= view[0][0] <= after, (view, before, after)
+    assert view[0][1] == 3
+    at_view = view[0][0].replace(tzinfo=UTC)
+    assert view == [(r["minute"], r["due"]) for r in forecast(spark, cfg, at_view).collect()]
 
     events = [(r["event"], r["detail"]) for r in history(spark, cfg, msg_id=ids[0]).collect()]
     assert [e for e, _ in events] == ["sent", "stamped", "delivered"]

@@ -3,6 +3,7 @@ consumer, with Spark's and the engine's own commits racing, and a crash mid-roun
 
 from __future__ import annotations
 
+import json
 import threading
 from typing import Any
 
@@ -16,6 +17,8 @@ from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import SetupError
 from engine.lakehouse.layout import layout
+from engine.lakehouse.s3 import S3Store
+from engine.lakehouse.storage import store_for
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send_df, send_many
 from engine.run.engine import Engine
@@ -54,12 +57,29 @@ def test_a_crash_between_the_topic_writes_and_the_round_commit_replays_once(
 
 
 def test_spark_and_driver_side_producers_commit_together_and_lose_nothing(
-    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Spark's commits (``send_df``, through the conditional-PUT LogStore) race the
     producers' own commits to ``commitlog``: versions taken by the other are retried, none
-    is overwritten, and every message is delivered once."""
+    is overwritten, and every message is delivered once. The first driver-side commit is
+    held once it has chosen its version, until a Spark commit has taken that version."""
     ensure_tables(spark, cfg)
+    chosen = threading.Event()  # a driver-side commit chose its version, and waits
+    taken = threading.Event()  # a Spark commit has been made since
+    tries: list[tuple[str, bool]] = []  # the driver side's commits: version file, made
+    create = S3Store.create
+
+    def held_create(store: S3Store, path: str, data: bytes, *, durable: bool = True) -> bool:
+        if "/commitlog/_delta_log/" not in path or not path.endswith(".json"):
+            return create(store, path, data, durable=durable)
+        if not chosen.is_set():
+            chosen.set()
+            taken.wait(120)
+        made = create(store, path, data, durable=durable)
+        tries.append((path, made))
+        return made
+
+    monkeypatch.setattr(S3Store, "create", held_create)
     ids: list[str] = []
     lock = threading.Lock()
 
@@ -79,10 +99,21 @@ def test_spark_and_driver_side_producers_commit_together_and_lose_nothing(
         F.concat(F.lit("s"), F.col("id").cast("string")).alias("body"),
         F.concat(F.lit("S"), F.col("id").cast("string")).alias("msg_id"),
     )
-    for part in range(3):  # three Spark commits while the threads commit
-        send_df(spark, cfg, frames.where(F.col("id") % 3 == part), clock)
-    for t in threads:
-        t.join()
+    try:
+        assert chosen.wait(120), "no driver-side commit"
+        for part in range(3):  # three Spark commits while the threads commit
+            send_df(spark, cfg, frames.where(F.col("id") % 3 == part), clock)
+            taken.set()
+    finally:
+        taken.set()
+        for t in threads:
+            t.join()
+    # the held commit lost its version to Spark's commit, and took a later one
+    (lost, made), *_ = tries
+    assert not made, tries[:3]
+    (theirs, *_) = (store_for(lost).read(lost) or b"").decode().splitlines()
+    assert json.loads(theirs)["commitInfo"]["engineInfo"].startswith("Apache-Spark"), theirs
+    assert sum(made for _, made in tries) == 8, "each driver-side commit made once, after its races"
     ids += [f"S{i}" for i in range(30)]
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
     for _ in range(3):

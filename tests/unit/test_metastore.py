@@ -15,7 +15,9 @@ import pytest
 from engine.core.config import EngineConfig
 from engine.lakehouse import metastore
 from engine.lakehouse.metastore import catalog_conf, holder, metastore_path
+from tests.support.choosing import choose_together
 
+REPO = Path(__file__).parents[2]
 LOCK_HOLDER = """
 import fcntl, os, sys, time
 fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
@@ -95,20 +97,27 @@ def test_a_session_beside_the_holder_names_tables_in_memory_and_says_why(
 
 
 def test_two_processes_starting_together_cannot_both_choose_the_metastore(
-    cfg: EngineConfig,
+    cfg: EngineConfig, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    # this process chose it (Derby has not opened it yet: that happens at the first query)
-    assert catalog_conf(cfg)["spark.sql.catalogImplementation"] == "hive"
-    other = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(f"""
-            from engine.core.config import EngineConfig
-            from engine.lakehouse.metastore import catalog_conf
-            cfg = EngineConfig(lakehouse={cfg.lakehouse!r})
-            print(catalog_conf(cfg)["spark.sql.catalogImplementation"])
-            """)],
-        capture_output=True, text=True, check=True,
+    # this process and another ask at once: each goes on from its claim (taken or refused)
+    # to its choice only once the other has claimed too, then each asks again
+    meeting = tmp_path / "meeting"
+    meeting.mkdir()
+    args = [sys.executable, "-m", "tests.support.choosing", cfg.lakehouse, str(meeting)]
+    other = subprocess.Popen(
+        [*args, "other", "this"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True,
     )  # fmt: skip
-    assert other.stdout.strip() == "in-memory"
-    assert "in use by another process" in other.stderr
-    # asked again, this process keeps its choice
-    assert catalog_conf(cfg)["spark.sql.catalogImplementation"] == "hive"
+    try:
+        with caplog.at_level(logging.WARNING):
+            here = choose_together(cfg, meeting, "this", "other")
+    finally:
+        out, err = other.communicate(timeout=120)
+    assert other.returncode == 0, err[-2000:]
+    assert {"claimed-this", "claimed-other"} <= {f.name for f in meeting.iterdir()}
+    there = tuple(out.split())
+    # one chose the metastore and, asked again, keeps it; the other names tables in memory,
+    # asked again too (while the first still runs)
+    assert sorted([here, there]) == [("hive", "hive"), ("in-memory", "in-memory")], (here, there)
+    said = caplog.text if here[0] == "in-memory" else err
+    assert "in use by another process" in said
