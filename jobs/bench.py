@@ -1,9 +1,9 @@
-"""The benchmark as a Spark application (``make bench``; ``make bench MODE=full``), from the
-repository root::
+"""The benchmark as a Spark application (``make bench``; ``make bench MODE=full``). A
+one-minute check of two workloads on tiny numbers, from the repository root::
 
     source .venv/bin/activate
     spark-submit --properties-file .jars/spark-defaults.conf --driver-memory 8g \\
-        jobs/bench.py --mode smoke
+        jobs/bench.py --mode smoke --workloads steady,spike
 
 Options: ``--mode smoke|quick|full`` (default quick), ``--workloads steady,spike,...``,
 ``--backlogs 0,10000000`` (the pending sizes of ``backlog`` and ``restart`` instead of the

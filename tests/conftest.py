@@ -1,10 +1,20 @@
-"""Shared fixtures: one Delta-enabled Spark session, a temporary lakehouse, a fake clock."""
+"""Shared fixtures: one Delta-enabled Spark session, a temporary lakehouse, a fake clock.
+
+Tiers come from the folder, so a new file cannot land in the wrong one: ``unit/`` needs no
+JVM (``make test-quick``; a unit test asking for ``spark`` is refused at collection),
+``integration/`` and ``e2e/`` are marked ``integration``. The whole run is timed against the
+suite's budget: a warning line past ``DELAYQ_SUITE_WARN_MINUTES`` (25) and a failure past
+``DELAYQ_SUITE_FAIL_MINUTES`` (60), so no change creeps toward CI's 90 minutes unnoticed.
+"""
 
 from __future__ import annotations
 
 import os
+import time
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
@@ -17,6 +27,102 @@ from engine.run.report import LOG_DIR_ENV
 from jobs.tools.objectstore import Server
 from tests.support.lakehouse import START, TEST_SPARK_CONF
 from tests.support.objectstore import s3_cfg, s3_server
+
+TESTS = Path(__file__).parent
+#: Every JVM the suite starts (its Spark, each ``delayq`` / ``spark-submit`` process, a
+#: cluster's daemons) compiles with C1 only. A test's JVM lives seconds to minutes on small
+#: data, where the C2 compiler's threads cost two cores more than its code ever saves: the
+#: same Spark start and five small Delta appends took 16-19 CPU-s instead of 31-41.
+#: A setting of the JIT alone: what the code does is the same.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS", "SPARK_EXECUTOR_OPTS"):
+    os.environ.setdefault(_variable, TEST_JVM_OPTIONS)
+#: Fixtures that start a JVM: a unit test may use none of them.
+JVM_FIXTURES = frozenset({"spark", "s3", "any_cfg", "kafka", "cluster"})
+_started = time.monotonic()
+
+
+def _tier(item: pytest.Item) -> str:
+    try:
+        return item.path.relative_to(TESTS).parts[0]
+    except ValueError:  # a doctest or a file outside tests/
+        return "unit"
+
+
+#: The longest files, longest first: they start first, so that on two workers (`make test`
+#: runs ``--dist loadfile --no-loadscope-reorder``) the short ones fill in at the end. Keep it
+#: to the top of the suite's ``--durations`` list.
+LONGEST_FILES = (
+    "e2e/test_readme.py",
+    "e2e/test_process.py",
+    "integration/test_kafka.py",
+    "e2e/test_cluster.py",
+    "e2e/test_sql.py",
+    "integration/test_consumer.py",
+    "integration/test_stamp.py",
+    "integration/test_delivery.py",
+    "integration/test_control.py",
+    "integration/test_commands.py",
+    "e2e/test_bench.py",
+    "e2e/test_notebook.py",
+)
+
+
+def _longest_first(item: pytest.Item) -> int:
+    name = item.path.relative_to(TESTS).as_posix() if item.path.is_relative_to(TESTS) else ""
+    return LONGEST_FILES.index(name) if name in LONGEST_FILES else len(LONGEST_FILES)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark ``integration/`` and ``e2e/`` tests; refuse a unit test that starts a JVM; put
+    the longest files first (a stable sort: each file keeps its own order)."""
+    items.sort(key=_longest_first)
+    for item in items:
+        tier = _tier(item)
+        if tier in ("integration", "e2e"):
+            item.add_marker(pytest.mark.integration)
+        elif tier == "unit":
+            needs = JVM_FIXTURES & set(getattr(item, "fixturenames", ()))
+            if needs:
+                raise pytest.UsageError(
+                    f"{item.nodeid} is in tests/unit/ but uses {sorted(needs)}: "
+                    "move it to tests/integration/ (unit tests run without a JVM)"
+                )
+
+
+def _budget(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _started
+    _started = time.monotonic()
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter: Any, exitstatus: int, config: pytest.Config) -> None:
+    """Say how long the tests took against the suite's budget; fail a run past the limit."""
+    minutes = (time.monotonic() - _started) / 60
+    warn = _budget("DELAYQ_SUITE_WARN_MINUTES", 25)
+    fail = _budget("DELAYQ_SUITE_FAIL_MINUTES", 60)
+    if minutes > fail:
+        terminalreporter.write_line(
+            f"error: the tests took {minutes:.1f} min, over the suite's limit of {fail:.0f} min "
+            "(CI allows 90 in all): make the slowest tests above faster",
+            red=True,
+        )
+    elif minutes > warn:
+        terminalreporter.write_line(
+            f"warning: the tests took {minutes:.1f} min, over the suite's budget of {warn:.0f} "
+            "min: make the slowest tests above faster before adding more",
+            yellow=True,
+        )
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    minutes = (time.monotonic() - _started) / 60
+    if minutes > _budget("DELAYQ_SUITE_FAIL_MINUTES", 60) and exitstatus == 0:
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -70,9 +176,9 @@ def cfg(make_cfg: object) -> EngineConfig:
     return make_cfg()  # type: ignore[operator, no-any-return]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def s3(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A real S3 server (S3Proxy) for the module's tests."""
+    """A real S3 server (S3Proxy) for the run's tests (each takes buckets of its own)."""
     yield from s3_server(tmp_path_factory)
 
 

@@ -1,4 +1,5 @@
-"""Every command in the README, and in the jobs' docstrings, runs as written.
+"""Every command in the README runs as written, and so does each job's docstring line
+(here, or in the test that ``JOB_LINES_RUN_BY`` names).
 
 From a clean environment, as a new user's plain shell at the repository root: only ``HOME``
 and ``PATH`` (without the venv), plus ``DELAYQ_CONF`` naming a configuration file that points
@@ -7,26 +8,30 @@ and ``PATH`` (without the venv), plus ``DELAYQ_CONF`` naming a configuration fil
 
 from __future__ import annotations
 
-import ast
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 
 from engine.lakehouse.session import REPO_ROOT
-from tests.support.readme import Block, PythonSession, blocks, shell_script
+from tests.support.readme import (
+    BLOCK_TIMEOUT_S,
+    PythonSession,
+    blocks,
+    commands,
+    docstring_block,
+    plain_env,
+    run_shell,
+)
 
 pytestmark = pytest.mark.integration
 
-#: Job docstrings whose lines are not run here, and why.
-JOBS_ELSEWHERE = {
-    "bench.py": "tests/e2e/test_bench.py runs it (smoke plan) through spark-submit",
-    "kafka_ingest.py": "needs a broker; tests/integration/test_kafka.py runs it with spark-submit",
+#: Where each job's docstring line runs as written.
+JOB_LINES_RUN_BY = {
+    "delay_engine.py": "README.md (this file's README check runs the same line)",
+    "bench.py": "tests/e2e/test_bench.py",
+    "kafka_ingest.py": "tests/integration/test_kafka.py (the restart after a kill -9)",
 }
-BLOCK_TIMEOUT_S = 600
 
 
 @pytest.fixture
@@ -44,21 +49,7 @@ def user_env(tmp_path: Path) -> dict[str, str]:
         '[spark.conf]\n"spark.ui.enabled" = "false"\n'
         '"spark.sql.shuffle.partitions" = "2"\n'
     )
-    venv_bin = str(Path(sys.executable).parent)
-    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
-    return {"HOME": os.environ.get("HOME", str(tmp_path)), "PATH": path, "DELAYQ_CONF": str(conf)}
-
-
-def run_shell(block: Block, env: dict[str, str], where: str) -> None:
-    done = subprocess.run(
-        ["bash", "--noprofile", "--norc", "-c", shell_script(block)],
-        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=BLOCK_TIMEOUT_S,
-    )  # fmt: skip
-    assert done.returncode == 0, (
-        f"{where}: the shell block failed\n{block.code}\n--- stdout\n{done.stdout[-3000:]}"
-        f"\n--- stderr\n{done.stderr[-3000:]}"
-    )
-    assert "Traceback" not in done.stdout + done.stderr, f"{where}: a stack trace\n{done.stderr}"
+    return plain_env(tmp_path, conf)
 
 
 def test_readme_blocks_run_as_written(user_env: dict[str, str], tmp_path: Path) -> None:
@@ -73,7 +64,7 @@ def test_readme_blocks_run_as_written(user_env: dict[str, str], tmp_path: Path) 
             where = f"README.md:{block.line}"
             started = time.monotonic()
             if block.language == "bash":
-                run_shell(block, user_env, where)
+                run_shell(block, user_env, REPO_ROOT, where)
             else:
                 ok, printed = python.run(block.code, BLOCK_TIMEOUT_S)
                 assert ok, f"{where}: the Python block failed\n{block.code}\n---\n{printed[-4000:]}"
@@ -82,34 +73,24 @@ def test_readme_blocks_run_as_written(user_env: dict[str, str], tmp_path: Path) 
         python.close()
 
 
-def docstring_block(path: Path) -> Block | None:
-    """The literal ``::`` block of a job's docstring (the line a user copies)."""
-    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
-    lines = doc.splitlines()
-    for i, line in enumerate(lines):
-        if line.rstrip().endswith("::"):
-            body = []
-            for text in lines[i + 1 :]:
-                if text.strip() and not text.startswith("    "):
-                    break
-                body.append(text[4:])
-            return Block("bash", "\n".join(body).strip() + "\n", i + 1)
-    return None
-
-
-def _commands(code: str) -> list[str]:
-    joined = code.replace("\\\n", " ")
-    return [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
-
-
-@pytest.mark.parametrize("job", ["delay_engine.py", "bench.py", "kafka_ingest.py"])
-def test_job_docstring_lines_run_as_written(job: str, user_env: dict[str, str]) -> None:
+@pytest.mark.parametrize("job", sorted(JOB_LINES_RUN_BY))
+def test_each_job_shows_the_spark_submit_line_a_user_copies(job: str) -> None:
     block = docstring_block(REPO_ROOT / "jobs" / job)
     assert block is not None and "spark-submit" in block.code, f"jobs/{job} shows no command"
-    if job in JOBS_ELSEWHERE:
-        pytest.skip(JOBS_ELSEWHERE[job])
+    assert commands(block.code)[0] == "source .venv/bin/activate", block.code
+
+
+def test_every_job_line_is_run_by_a_test() -> None:
+    shown = {p.name for p in (REPO_ROOT / "jobs").glob("*.py") if docstring_block(p)}
+    assert shown == set(JOB_LINES_RUN_BY), "a job's docstring line that no test runs"
+
+
+def test_the_engine_jobs_line_is_one_the_readme_check_runs() -> None:
+    """jobs/delay_engine.py's line runs in test_readme_blocks_run_as_written: it must stay
+    one of the README's runnable lines, or it would run nowhere."""
+    block = docstring_block(REPO_ROOT / "jobs" / "delay_engine.py")
+    assert block is not None
     readme = blocks((REPO_ROOT / "README.md").read_text(encoding="utf-8"))
-    run_there = {c for b in readme if b.illustrative is None for c in _commands(b.code)}
-    if set(_commands(block.code)) <= run_there:
-        return  # the same lines run in a README block (test_readme_blocks_run_as_written)
-    run_shell(block, user_env, f"jobs/{job}")
+    run_there = {c for b in readme if b.illustrative is None for c in commands(b.code)}
+    missing = [c for c in commands(block.code) if c not in run_there]
+    assert not missing, f"jobs/delay_engine.py's lines run by no README block: {missing}"

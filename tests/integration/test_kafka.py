@@ -40,6 +40,7 @@ from tests.support.kafka import consume, free_port, ingest, kafka_broker, kafka_
 from tests.support.lakehouse import START
 from tests.support.objectstore import s3_cfg
 from tests.support.process import PROPS, VENV_BIN
+from tests.support.readme import docstring_block, plain_env, run_shell
 
 pytestmark = pytest.mark.integration
 
@@ -408,12 +409,14 @@ def test_ingest_job_killed_with_sigkill_then_restarted_stores_every_record_once(
             time.sleep(0.05)
         os.killpg(running.pid, signal.SIGKILL)
     assert (commitlog.txn_version(offset_app_id(topic, 0)) or 0) < size
-    done = subprocess.run(
-        [*job, "--available-now"], cwd=REPO_ROOT, env=env, capture_output=True, text=True,
-        timeout=300,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
-    assert "records stored" in done.stdout
+    # the restart: jobs/kafka_ingest.py's docstring line, as written in a plain shell, with the
+    # same settings in the configuration file it reads ($DELAYQ_CONF)
+    conf = tmp_path / "engine.toml"
+    conf.write_text("".join(f'{k} = "{v}"\n' for k, v in settings.items() if "conf" not in k))
+    block = docstring_block(REPO_ROOT / "jobs" / "kafka_ingest.py")
+    assert block is not None and block.code.rstrip().endswith("--available-now"), block
+    printed = run_shell(block, plain_env(tmp_path, conf), REPO_ROOT, "jobs/kafka_ingest.py")
+    assert "records stored" in printed
     stored = [r["body"] for r in rows(spark, layout(cfg).commitlog)]
     assert len(stored) == size and set(stored) == {f"m{i}".encode() for i in range(size)}
     assert [r["reason"] for r in rows(spark, layout(cfg).quarantine)] == [

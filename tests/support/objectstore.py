@@ -1,4 +1,4 @@
-"""A real S3 server (S3Proxy) per test module, and configs whose lakehouse is in it."""
+"""A real S3 server (S3Proxy) per test run, and configs whose lakehouse is a bucket of its own."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from tests.support.kafka import free_port
 
 
 def s3_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    """A real S3 server on a free port; use as a module-scoped fixture's body."""
+    """A real S3 server on a free port; use as a fixture's body."""
     home = tmp_path_factory.mktemp("s3")
     server = start(home, free_port(), bucket=None, lib=REPO_ROOT / ".s3" / "lib")
     try:

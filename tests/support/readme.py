@@ -9,12 +9,21 @@ interpreter session, in order, interleaved with the shell blocks as in the file.
 
 from __future__ import annotations
 
+import ast
+import os
 import queue
 import re
 import subprocess
+import sys
 import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+#: Longest one block may run.
+BLOCK_TIMEOUT_S = 600
+#: The JIT setting the suite gives every JVM it starts (tests/conftest.py): a plain shell's
+#: commands get it too, or each of their Sparks would start at twice the CPU.
+_JVM_VARIABLES = ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS", "SPARK_EXECUTOR_OPTS")
 
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _ILLUSTRATIVE = re.compile(r"^<!--\s*illustrative:\s*(.+?)\s*-->\s*$")
@@ -163,3 +172,51 @@ class PythonSession:
         except subprocess.TimeoutExpired:
             self._process.kill()
         self._log.close()
+
+
+def plain_env(home: Path, conf: Path | None = None) -> dict[str, str]:
+    """A new user's plain shell: ``HOME`` and ``PATH`` without the venv (not activated),
+    ``DELAYQ_CONF`` naming ``conf`` when given, and the suite's JIT setting for JVMs."""
+    venv_bin = str(Path(sys.executable).parent)
+    path = os.pathsep.join(p for p in os.environ["PATH"].split(os.pathsep) if p != venv_bin)
+    env = {"HOME": os.environ.get("HOME", str(home)), "PATH": path}
+    env.update({k: os.environ[k] for k in _JVM_VARIABLES if k in os.environ})
+    if conf is not None:
+        env["DELAYQ_CONF"] = str(conf)
+    return env
+
+
+def run_shell(block: Block, env: dict[str, str], cwd: Path, where: str) -> str:
+    """Run a shell block as written; fail naming ``where`` if a line fails or prints a stack
+    trace. Returns what it printed on standard output."""
+    done = subprocess.run(
+        ["bash", "--noprofile", "--norc", "-c", shell_script(block)],
+        capture_output=True, text=True, env=env, cwd=cwd, timeout=BLOCK_TIMEOUT_S,
+    )  # fmt: skip
+    assert done.returncode == 0, (
+        f"{where}: the shell block failed\n{block.code}\n--- stdout\n{done.stdout[-3000:]}"
+        f"\n--- stderr\n{done.stderr[-3000:]}"
+    )
+    assert "Traceback" not in done.stdout + done.stderr, f"{where}: a stack trace\n{done.stderr}"
+    return done.stdout
+
+
+def docstring_block(path: Path) -> Block | None:
+    """The literal ``::`` block of a job's docstring (the line a user copies)."""
+    doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+    lines = doc.splitlines()
+    for i, line in enumerate(lines):
+        if line.rstrip().endswith("::"):
+            body = []
+            for text in lines[i + 1 :]:
+                if text.strip() and not text.startswith("    "):
+                    break
+                body.append(text[4:])
+            return Block("bash", "\n".join(body).strip() + "\n", i + 1)
+    return None
+
+
+def commands(code: str) -> list[str]:
+    """A block's command lines, continuation lines joined and spaces normalised."""
+    joined = code.replace("\\\n", " ")
+    return [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
