@@ -17,6 +17,7 @@ from engine.lakehouse.layout import layout
 from engine.lakehouse.session import REPO_ROOT
 from engine.produce.send import Message, send_many
 from engine.run.report import LOG_DIR_ENV
+from tests.support.crash_points import assert_landed, kill_inside_a_round, on_disk, said
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 from tests.support.process import PROPS, VENV_BIN, engine_args, start, wait_for
 
@@ -173,7 +174,7 @@ def test_engine_producers_and_a_consumer_started_at_once_on_a_new_lakehouse(
 
 
 #: (where the engine dies, the how-many-th time it gets there); "external" is a SIGKILL from
-#: outside once the engine's progress shows a delivery.
+#: outside while a delivery round is in progress (its plan written, its progress not).
 STORM = (
     ("topic-after", 1),
     ("plan", 1),
@@ -196,12 +197,20 @@ def _run_to_end(proc: Any, timeout: float) -> int:
 def test_kill_storm_every_message_once_never_early(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
+    """Engines killed at each crash point, in turn, then one run to the end. Each kill is
+    checked, right after it, from the lakehouse's files to have landed where it says (see
+    :func:`tests.support.crash_points.assert_landed`): a round planned and not committed,
+    with its topic files staged or committed as the point says; a stamping batch in
+    ``schedule`` and not in ``quarantine``. The last run delivers every message exactly once,
+    never early, and quarantines each bad row and each retry once."""
     cfg = make_cfg()
+    lay = layout(cfg)
     settings = engine_args(cfg, "--show", "0")
     delayq = str(VENV_BIN / "delayq")
     ids: list[str] = []
     resent = 0
-    landed: list[tuple[str, int, int, int]] = []  # point, exit code, delivered before, after
+    landed: list[tuple[str, int, int, str]] = []  # point, delivered before, after, on disk
+    stamp_killed = -1  # the stamping batch killed between schedule and quarantine
     for k, (point, nth) in enumerate(STORM):
         # A wave before each start over three topics: levels 0-3 and timers up to 55 s (due
         # while the engine runs as well as when it starts), each wave's first five ids sent
@@ -218,21 +227,19 @@ def test_kill_storm_every_message_once_never_early(
         resent += len(again)
         ids += sent
         spark.sql(
-            f"INSERT INTO delta.`{layout(cfg).commitlog}` (msg_id, body, store_ts) VALUES "
+            f"INSERT INTO delta.`{lay.commitlog}` (msg_id, body, store_ts) VALUES "
             f"('bad-{k}-1', X'01', current_timestamp()), ('bad-{k}-2', X'02', current_timestamp())"
         )
         before = len(delivered_rows(spark, cfg))
+        disk = on_disk(lay)
         log = tmp_path / f"engine-{k}.log"
         if point == "external":
             proc = start([delayq, "run", *settings], log)
             try:
-                wait_for(
-                    lambda n=before: len(delivered_rows(spark, cfg)) > n,  # type: ignore[misc]
-                    180,
-                    "a delivery",
-                )
+                where = {"round": str(kill_inside_a_round(proc, lay, 180))}
             finally:
-                os.killpg(proc.pid, signal.SIGKILL)
+                if proc.poll() is None:
+                    os.killpg(proc.pid, signal.SIGKILL)
             code = _run_to_end(proc, 30)
         else:
             until = ["--until-idle", "--max-seconds", "90"]
@@ -240,23 +247,28 @@ def test_kill_storm_every_message_once_never_early(
             code = _run_to_end(start([*command, *settings, *until], log), 300)
             output = log.read_text()
             assert code == -signal.SIGKILL, f"no kill at {point}:\n{output[-3000:]}"
-            assert f"SIGKILL at {point}" in output, output[-3000:]
-        landed.append((point, code, before, len(delivered_rows(spark, cfg))))
+            said_point, where = said(output)
+            assert said_point == point, output[-3000:]
+        assert code == -signal.SIGKILL, log.read_text()[-3000:]
+        found = assert_landed(lay, point, where, disk, on_disk(lay))
+        if point == "stamp-after":
+            stamp_killed = int(where["batch"])
+        landed.append((point, before, len(delivered_rows(spark, cfg)), found))
 
     final_log = tmp_path / "final.log"
     command = [delayq, "run", *settings, "--until-idle", "--max-seconds", "150"]
     code = _run_to_end(start(command, final_log), 300)
     assert code == 0, final_log.read_text()[-3000:]
-    print("\nkill storm: point, exit code, delivered before -> after")
-    for point, exit_code, before, after in landed:
-        print(f"  {point:13} {exit_code:4} {before:5} -> {after}")
+    print("\nkill storm: point, delivered before -> after, on disk after the kill")
+    for point, before, after, found in landed:
+        print(f"  {point:13} {before:5} -> {after:5}  {found}")
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
-    reasons = [
-        r["reason"]
-        for r in spark.read.format("delta").load(layout(cfg).quarantine).select("reason").collect()
-    ]
+    quarantine = spark.read.format("delta").load(lay.quarantine)
+    reasons = [r["reason"] for r in quarantine.select("reason").collect()]
     assert sum(r.startswith("duplicate: ") for r in reasons) == resent  # each retry, once
     assert reasons.count("topic is missing") == 2 * len(STORM)
+    # the batch killed half stamped owed quarantine rows, which its replay wrote
+    assert quarantine.where(f"stamp_batch = {stamp_killed}").count() > 0, stamp_killed
 
 
 def test_a_second_engine_is_refused_and_a_standby_takes_over_when_the_first_stops(

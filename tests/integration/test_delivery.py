@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -16,7 +17,7 @@ from engine.core.clock import FakeClock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import RetryableError
 from engine.deliver.checkpoint import Plan
-from engine.deliver.round import Delivery
+from engine.deliver.round import Delivery, RoundResult
 from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
@@ -561,3 +562,55 @@ def test_a_clock_stepping_back_in_a_round_planned_ahead_never_moves_progress_bac
     later.run_round()
     assert later.progress.watermark >= before
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+
+
+def test_the_running_engine_plans_rounds_ahead_and_never_shows_a_row_before_it_is_due(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    """The engine's own loop on the system clock, with its lead on: messages due every 10 ms
+    over 3 s are delivered by rounds planned ahead of the clock (a round's plan, written as
+    it starts, holds the clock then and a later watermark), some of them before they are due
+    (the rows the lead is about), and not one is shown early: every topic commit, by its
+    Delta log time, is at or after the deliver_ts of each row it shows."""
+    cfg = make_cfg(max_lead_ms=500, poll_interval_ms=200)  # the defaults: a lead of <= 150 ms
+    engine = Engine(spark, cfg, out=lambda _: None)
+    rounds: list[RoundResult] = []
+    engine.add_listener(rounds.append)
+    engine.start()
+    try:
+        engine.wait_until_warm()
+        due_in = [timedelta(milliseconds=2_000 + 10 * i) for i in range(300)]
+        messages = [Message(f"t{i % 3}", f"m{i}", delay=d) for i, d in enumerate(due_in)]
+        ids = send_many(spark, cfg, messages)
+        deadline = time.monotonic() + 60
+        while engine.stats.delivered < len(ids) and time.monotonic() < deadline:
+            engine.check_queries()
+            time.sleep(0.1)
+    finally:
+        engine.stop()
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, ids, cfg)  # by delivered_ts and by the Delta log
+
+    # Each round's plan: the clock when it was written (as the round started) and the
+    # watermark it fixed. Planned ahead: a watermark later than that clock.
+    plans = {
+        int(p.name.split(".")[0]): json.loads(p.read_text().splitlines()[0])
+        for p in Path(layout(cfg).delay_offset).glob("*.plan.json")
+    }
+    planned_at = {k: datetime.fromisoformat(p["updated_ts"]) for k, p in plans.items()}
+    ahead = {k for k, p in plans.items() if datetime.fromisoformat(p["watermark"]) > planned_at[k]}
+    seen = sorted((k, p["updated_ts"], p["watermark"]) for k, p in plans.items())
+    assert ahead, f"no round was planned ahead of the clock (round, at, watermark): {seen[:3]}"
+    early_risk = [
+        r["msg_id"]
+        for r in rows
+        if r["delivery_round"] in ahead
+        and r["deliver_ts"].astimezone(UTC) > planned_at[r["delivery_round"]]  # type: ignore[attr-defined]
+    ]
+    assert early_risk, "no row was planned for delivery before it was due"
+    waited = [r for r in rounds if r.delivered and r.stages.get("wait", 0.0) > 0.001]
+    assert waited, "no round waited for its watermark"
+    print(
+        f"\n{len(plans)} rounds planned, {len(ahead)} ahead of the clock; {len(early_risk)} "
+        f"rows planned before they were due; {len(waited)} rounds waited for their watermark"
+    )

@@ -13,7 +13,10 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 | ``offset-temp``| the round's progress file is half written (its temporary file only) |
 | ``stamp-after``| a stamping batch reached ``schedule``, not yet ``quarantine``        |
 
-The crash points wrap the engine's classes from here, so production code has no hooks.
+The crash points wrap the engine's classes from here, so production code has no hooks. The
+last line it prints says where it died (``SIGKILL at topic-staged round 7 table t1``; a
+stamping point names its ``batch``), for a test to check against what is on disk
+(:mod:`tests.support.crash_points`).
 """
 
 from __future__ import annotations
@@ -34,8 +37,9 @@ from engine.stamp.writer import StampWriter
 POINTS = ("plan", "topic-staged", "topic-before", "topic-after", "offset-temp", "stamp-after")
 
 
-def die(point: str) -> None:
-    print(f"killing-engine: SIGKILL at {point}", flush=True)
+def die(point: str, **where: object) -> None:
+    said = "".join(f" {name} {value}" for name, value in where.items())
+    print(f"killing-engine: SIGKILL at {point}{said}", flush=True)
     os.killpg(os.getpgid(0), signal.SIGKILL)
 
 
@@ -43,9 +47,9 @@ def arm(point: str, nth: int) -> None:
     """Wrap the engine's classes so that the process dies the ``nth`` time ``point`` is hit."""
     seen = itertools.count(1)
 
-    def reached() -> None:
+    def reached(**where: object) -> None:
         if next(seen) == nth:
-            die(point)
+            die(point, **where)
 
     topic_stage = DeltaTopicSink.stage  # (a write is a stage, then its commit)
 
@@ -54,14 +58,14 @@ def arm(point: str, nth: int) -> None:
     ) -> Callable[[], None]:
         commit = topic_stage(self, round_, table, rows, replayed)
         if point == "topic-staged":
-            reached()
+            reached(round=round_, table=table)
 
         def commit_topic() -> None:
             if point == "topic-before":
-                reached()
+                reached(round=round_, table=table)
             commit()
             if point == "topic-after":
-                reached()
+                reached(round=round_, table=table)
 
         return commit_topic
 
@@ -79,17 +83,19 @@ def arm(point: str, nth: int) -> None:
             # what a kill in the middle of put-if-absent leaves: a hidden temporary file
             temp = f"{self.path}/.tmp-{uuid.uuid4().hex}"
             self.store.write(temp, b'{"queue_id": 1, "sta')  # cut short
-            die(point)
+            die(point, round=round_)
         offset_write(self, round_, rows, planned, exclusive)
         if point == "plan" and planned:
-            reached()
+            reached(round=round_)
 
     stamp_append: Callable[..., None] = StampWriter._append
 
-    def append_stamped(self: StampWriter, rows: Any, path: str, *args: Any) -> None:
-        stamp_append(self, rows, path, *args)
-        if point == "stamp-after" and path == self.layout.schedule and rows.num_rows:
-            reached()
+    def append_stamped(self: StampWriter, rows: Any, path: str, batch_id: int, *args: Any) -> None:
+        # (a replayed batch that reached the table before writes nothing: no kill there)
+        writes = rows.num_rows > 0 and not self._holds(path, batch_id)
+        stamp_append(self, rows, path, batch_id, *args)
+        if point == "stamp-after" and path == self.layout.schedule and writes:
+            reached(batch=batch_id)
 
     DeltaTopicSink.stage = stage_topic  # type: ignore[method-assign]
     OffsetLog.write = write_offsets  # type: ignore[method-assign]
