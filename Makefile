@@ -17,6 +17,9 @@ export PYSPARK_DRIVER_PYTHON := $(abspath $(BIN)/python)
 export SPARK_LOCAL_IP ?= 127.0.0.1
 SUBMIT    := $(BIN)/spark-submit --properties-file $(SPARK_PROPS)
 PYTEST_ARGS ?=
+# Test files run on this many pytest-xdist workers, each file whole on one (its broker, S3
+# server or engine started once); 0 runs them one after the other in this process.
+TEST_WORKERS ?= 2
 # make bench MODE=full for the long run; BENCH_ARGS="--workloads steady,spike" to pick.
 MODE      ?= quick
 BENCH_ARGS ?=
@@ -65,6 +68,8 @@ $(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/jvm/pom.xml $(JVM_SRC) Mak
 	   echo "spark.sql.session.timeZone UTC"; \
 	   echo "# Delta's commits on s3a:// with S3's conditional PUT, safe with several writers (build/jvm)"; \
 	   echo "spark.delta.logStore.s3a.impl delayq.s3.ConditionalPutLogStore"; \
+	   echo "# ... and on file: paths with a hard link, as the engine's own commits (build/jvm)"; \
+	   echo "spark.delta.logStore.file.impl delayq.fs.LinkLogStore"; \
 	   echo "# Delta on the driver's own class path too: the SQL endpoint's JDBC sessions need it"; \
 	   echo "spark.driver.extraClassPath $$(ls $(abspath $(JARS))/*.jar | paste -sd: -)"; \
 	   echo "# Table names kept with the default lakehouse (sql.catalog = embedded): spark-sql and"; \
@@ -139,11 +144,11 @@ sql-server: setup ## Run the engine serving JDBC on 127.0.0.1:10000 and Spark Co
 status: setup ## Show pending per level, delivered and quarantined counts
 	$(BIN)/delayq status $(ARGS)
 
-test: setup check ## Set up, lint, type-check and run the whole test suite
-	$(BIN)/python -m pytest $(PYTEST_ARGS)
+test: setup check ## Set up, lint, type-check and run the whole test suite (TEST_WORKERS=2)
+	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-test-quick: setup ## Run only the fast tests (no Spark)
-	$(BIN)/python -m pytest -m "not integration" $(PYTEST_ARGS)
+test-quick: venv ## Run the unit tests only: no JVM, no Maven, Kafka or S3 set-up (under a minute)
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 bench: setup ## Benchmark (MODE=quick, ~15-20 min, or MODE=full): JSON + PNG in bench/out/
 	$(SUBMIT) --driver-memory 12g jobs/bench.py --mode $(MODE) $(BENCH_ARGS)

@@ -33,8 +33,10 @@ TESTS = Path(__file__).parent
 #: cluster's daemons) compiles with C1 only. A test's JVM lives seconds to minutes on small
 #: data, where the C2 compiler's threads cost two cores more than its code ever saves: the
 #: same Spark start and five small Delta appends took 16-19 CPU-s instead of 31-41.
-#: A setting of the JIT alone: what the code does is the same.
-TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1"
+#: A setting of the JIT alone: what the code does is the same. C1 alone keeps the client
+#: VM's 48 MB code cache, which the suite's long-lived Spark fills ("CodeCache is full.
+#: Compiler has been disabled": everything after runs interpreted): the tiered default back.
+TEST_JVM_OPTIONS = "-XX:TieredStopAtLevel=1 -XX:ReservedCodeCacheSize=240m"
 for _variable in ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS", "SPARK_EXECUTOR_OPTS"):
     os.environ.setdefault(_variable, TEST_JVM_OPTIONS)
 #: Fixtures that start a JVM: a unit test may use none of them.

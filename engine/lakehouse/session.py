@@ -54,6 +54,9 @@ DELTA_CONF = {
     # engine's own commits are); Delta's default there is safe with one driver only. The
     # class is built by `make jars` (build/jvm). Read when the Spark starts.
     "spark.delta.logStore.s3a.impl": "delayq.s3.ConditionalPutLogStore",
+    # And on a local (or shared, mounted) disk with a hard link, as the engine's own: Delta's
+    # default there renames over a commit another writer made after its check, losing it.
+    "spark.delta.logStore.file.impl": "delayq.fs.LinkLogStore",
 }
 
 

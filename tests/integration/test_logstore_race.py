@@ -1,0 +1,293 @@
+"""Spark's commits and the log appender's race on one local table, and neither replaces the
+other's: Spark's LogStore for ``file:`` (``delayq.fs.LinkLogStore``, build/jvm) creates a
+commit put-if-absent with a hard link, as the appender does.
+
+Delta's default there, HDFSLogStore, checks that a version is free and then renames over it:
+an appender commit made in between vanishes, its rows and its ``txn`` with it, while the
+appender reported it done. Hadoop checks once more inside the rename, so that window is a few
+microseconds after two forked ``readlink`` calls: the race below keeps the writers colliding
+on the same versions and fails on any lost commit, but seldom catches HDFSLogStore in the act.
+What only a put-if-absent store does is checked exactly by the test after it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+from deltalake import DeltaTable
+from pyspark.sql import SparkSession
+
+from engine.core.config import EngineConfig
+from engine.lakehouse.delta_log import Txn
+from engine.lakehouse.fs import jvm
+from engine.lakehouse.log_append import ENGINE_INFO, LogAppender
+
+pytestmark = pytest.mark.integration
+
+#: Commits of each of the two Spark writers (DataFrame appends, SQL INSERTs).
+SPARK_COMMITS = 5
+#: Versions the sniping appender may take from under one Spark commit before it lets it
+#: through (each one makes Spark's LogStore lose a version and write the next one).
+SNIPES_PER_SPARK_COMMIT = 2
+#: The steady appender's commits for each of Spark's (as many more as Spark lets it: Spark
+#: reads every commit since its last checkpoint on each attempt, and an appender committing
+#: at full speed leaves it ever more to read).
+STEADY_PER_SPARK_COMMIT = 3
+#: Pause between the steady appender's commits.
+STEADY_PAUSE = 0.05
+#: Each writer's rows: its base plus the txn version of the commit (one row a commit).
+BASES = {"spark-df": 1_000_000, "spark-sql": 2_000_000, "steady": 3_000_000, "sniper": 4_000_000}
+#: A commit Delta's LogStores (HDFSLogStore, delayq's) are writing: the whole entry, in a
+#: temporary file beside its version's name, not yet in place.
+IN_FLIGHT = re.compile(r"^\.(\d{20})\.json\.[^.]+\.tmp$")
+
+
+def test_spark_and_the_log_appender_racing_on_a_local_table_lose_no_commit(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    path = str(Path(cfg.lakehouse) / "race")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, writer STRING) USING delta")
+    committed: dict[str, list[int]] = {name: [] for name in BASES}  # txn versions reported
+    sniped: list[int] = []  # versions the sniper took while Spark was writing them
+    spark_done = threading.Event()
+    failures: list[BaseException] = []
+
+    def guarded(work: Callable[[], None]) -> threading.Thread:
+        def run() -> None:
+            try:
+                work()
+            except BaseException as err:  # raised again in the test's thread
+                failures.append(err)
+                spark_done.set()
+
+        return threading.Thread(target=run)
+
+    def spark_progress() -> int:
+        return len(committed["spark-df"]) + len(committed["spark-sql"])
+
+    sparks = [
+        guarded(lambda: _spark_appends(spark, path, committed["spark-df"])),
+        guarded(lambda: _spark_inserts(spark, path, committed["spark-sql"])),
+    ]
+    # One appender for the two threads, as the engine keeps one a table (callers lock).
+    appender, lock = LogAppender(path), threading.Lock()
+    appenders = [
+        guarded(
+            lambda: _steady_appends(appender, lock, committed["steady"], spark_done, spark_progress)
+        ),
+        guarded(
+            lambda: _snipes(appender, lock, committed["sniper"], sniped, spark_done, spark_progress)
+        ),
+    ]
+    for thread in appenders + sparks:
+        thread.start()
+    for thread in sparks:
+        thread.join()
+    spark_done.set()
+    for thread in appenders:
+        thread.join()
+    if failures:
+        raise failures[0]
+
+    # Every version is there, each one writer's commit of one row under its one txn.
+    log_dir = Path(path) / "_delta_log"
+    versions = sorted(int(p.name[:20]) for p in log_dir.glob("*.json"))
+    assert versions == list(range(len(versions)))
+    assert not [p.name for p in log_dir.iterdir() if p.name.startswith(".") and "tmp" in p.name]
+    recorded: dict[tuple[str, int], int] = {}
+    spark_versions = []
+    spark_reads: dict[int, int] = {}  # Spark's commits: the version each transaction read
+    for version in versions[1:]:
+        actions = _actions(log_dir / f"{version:020d}.json")
+        (txn,) = actions["txn"]
+        key = (txn["appId"], int(txn["version"]))
+        assert key not in recorded, f"{key} committed at versions {recorded[key]} and {version}"
+        recorded[key] = version
+        (add,) = actions["add"]
+        assert json.loads(add["stats"])["minValues"]["id"] == BASES[key[0]] + key[1], version
+        (info,) = actions["commitInfo"]
+        assert (info.get("engineInfo") == ENGINE_INFO) != key[0].startswith("spark"), info
+        if key[0].startswith("spark"):
+            spark_versions.append(version)
+            spark_reads[version] = int(info["readVersion"])
+    reported = {(name, v) for name, done in committed.items() for v in done}
+    lost = sorted(reported - set(recorded))
+    assert not lost, f"reported committed, not in the log: {lost} (sniped versions: {sniped})"
+    assert set(recorded) == reported, "a commit nobody reported"
+    assert len(committed["spark-df"]) == len(committed["spark-sql"]) == SPARK_COMMITS
+
+    # The race was real: the appenders committed between Spark's commits throughout (Spark's
+    # two writers often commit back to back) and took versions Spark's transactions were
+    # about to commit. (Where an fsync takes a while, the sniper also takes some of the very
+    # versions Spark's LogStore is writing, but not on every disk: not asserted.)
+    theirs = set(spark_versions)
+    after_appends = [v for v in theirs if v - 1 not in theirs and v > 1]
+    assert len(after_appends) >= SPARK_COMMITS // 2, f"hardly interleaved: {spark_versions}"
+    moved_on = [v for v, read in spark_reads.items() if read < v - 1]
+    assert len(moved_on) >= SPARK_COMMITS, f"Spark's reads and commits: {spark_reads}"
+
+    # Spark and delta-rs read the same rows: each reported commit's, once.
+    expected = sorted(BASES[name] + v for name, v in reported)
+    by_spark = sorted(r.id for r in spark.read.format("delta").load(path).select("id").collect())
+    by_delta_rs = DeltaTable(path).to_pyarrow_table(columns=["id"])["id"].to_pylist()
+    assert by_spark == expected
+    assert sorted(by_delta_rs) == expected
+
+
+def test_a_commit_written_again_after_a_lost_answer_counts_and_another_is_refused(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    """The LogStore Spark uses for the table: a version that already holds exactly the
+    commit being written is that write's own (a retry after its answer was lost, as on
+    NFS); one that holds another commit is refused, and left as it was."""
+    path = str(Path(cfg.lakehouse) / "retried")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING delta")
+    view = jvm(spark)
+    delta_log = view.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    entry = view.org.apache.hadoop.fs.Path(Path(path, "_delta_log", f"{1:020d}.json").as_uri())
+
+    def write(user_metadata: str) -> None:
+        line = json.dumps(
+            {"commitInfo": {"timestamp": 1, "operation": "WRITE", "userMetadata": user_metadata}}
+        )
+        lines = view.java.util.ArrayList()
+        lines.add(line)
+        actions = view.scala.jdk.javaapi.CollectionConverters.asScala(lines.iterator())
+        delta_log.store().write(entry, actions, False, delta_log.newDeltaHadoopConf())
+
+    write("ours")
+    write("ours")  # the same bytes again: counted as done
+    with pytest.raises(Exception) as refused:
+        write("theirs")
+    assert "java.nio.file.FileAlreadyExistsException" in str(refused.value)
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("version = 1").collect()
+    assert [h.userMetadata for h in history] == ["ours"]
+
+
+def test_checkpoints_are_put_in_place_and_their_pointer_replaced(
+    spark: SparkSession, cfg: EngineConfig
+) -> None:
+    """What the LogStore writes over (``_last_checkpoint``) is replaced whole, and the
+    checkpoints Spark writes beside it are read back by Spark and delta-rs."""
+    path = str(Path(cfg.lakehouse) / "checkpointed")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING delta")
+    delta_log = jvm(spark).org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+    pointer = Path(path, "_delta_log", "_last_checkpoint")
+    for version in (1, 2):
+        spark.range(version, version + 1).write.format("delta").mode("append").save(path)
+        delta_log.checkpoint()
+        assert json.loads(pointer.read_text())["version"] == version
+    assert Path(path, "_delta_log", f"{2:020d}.checkpoint.parquet").is_file()
+    assert sorted(r.id for r in spark.read.format("delta").load(path).collect()) == [1, 2]
+    assert sorted(DeltaTable(path).to_pyarrow_table()["id"].to_pylist()) == [1, 2]
+
+
+def _spark_appends(spark: SparkSession, path: str, done: list[int]) -> None:
+    """DataFrame appends with Delta's ``txnAppId``/``txnVersion`` options."""
+    for version in range(1, SPARK_COMMITS + 1):
+        row = BASES["spark-df"] + version
+        frame = spark.range(row, row + 1, numPartitions=1).selectExpr("id", "'spark-df' AS writer")
+        frame.write.format("delta").option("txnAppId", "spark-df").option(
+            "txnVersion", version
+        ).mode("append").save(path)
+        done.append(version)
+
+
+def _spark_inserts(spark: SparkSession, path: str, done: list[int]) -> None:
+    """SQL INSERTs, their txn in the SQL settings of a session of their own."""
+    session = spark.newSession()
+    session.conf.set("spark.databricks.delta.write.txnAppId", "spark-sql")
+    for version in range(1, SPARK_COMMITS + 1):
+        session.conf.set("spark.databricks.delta.write.txnVersion", str(version))
+        session.sql(
+            f"INSERT INTO delta.`{path}` VALUES ({BASES['spark-sql'] + version}, 'spark-sql')"
+        )
+        done.append(version)
+
+
+def _steady_appends(
+    appender: LogAppender,
+    lock: threading.Lock,
+    done: list[int],
+    stop: threading.Event,
+    spark_progress: Callable[[], int],
+) -> None:
+    """Appends at a steady pace, as a delivery round's or a producer's."""
+    version = 0
+    while not stop.is_set():
+        if version >= STEADY_PER_SPARK_COMMIT * (spark_progress() + 1):
+            time.sleep(0.01)
+            continue
+        version += 1
+        with lock:
+            assert appender.append(_row("steady", version), txn=Txn("steady", version))
+        done.append(version)
+        time.sleep(STEADY_PAUSE)
+
+
+def _snipes(
+    appender: LogAppender,
+    lock: threading.Lock,
+    done: list[int],
+    sniped: list[int],
+    stop: threading.Event,
+    spark_progress: Callable[[], int],
+) -> None:
+    """Appends timed to collide with Spark's: each time Spark's LogStore has written a commit
+    beside its version's name, commit that version first (a few times a Spark commit, so
+    that Spark keeps committing). Staged beforehand: the commit is one log entry."""
+    log_dir = Path(appender.path) / "_delta_log"
+    version = 1
+    with lock:
+        staged = appender.stage(_row("sniper", version), txn=Txn("sniper", version))
+    seen_progress, fired = spark_progress(), 0
+    while not stop.is_set():
+        if spark_progress() != seen_progress:
+            seen_progress, fired = spark_progress(), 0
+        target = _in_flight(log_dir) if fired < SNIPES_PER_SPARK_COMMIT else None
+        if target is None:
+            time.sleep(0.0005)
+            continue
+        with lock:
+            assert staged is not None and appender.commit(staged)
+            if appender.version == target:
+                sniped.append(target)
+            done.append(version)
+            version += 1
+            staged = appender.stage(_row("sniper", version), txn=Txn("sniper", version))
+        fired += 1
+
+
+def _in_flight(log_dir: Path) -> int | None:
+    """The version of a commit Spark's LogStore has written whole but not yet put in place."""
+    for name in os.listdir(log_dir):
+        found = IN_FLIGHT.match(name)
+        if found:
+            try:
+                if os.stat(log_dir / name).st_size > 0:
+                    return int(found.group(1))
+            except FileNotFoundError:
+                pass  # put in place (or given up) meanwhile
+    return None
+
+
+def _row(writer: str, version: int) -> pa.Table:
+    return pa.table({"id": pa.array([BASES[writer] + version], pa.int64()), "writer": [writer]})
+
+
+def _actions(entry: Path) -> dict[str, list[dict[str, Any]]]:
+    """A commit's actions, by kind."""
+    actions: dict[str, list[dict[str, Any]]] = {}
+    for line in entry.read_text().splitlines():
+        for kind, action in json.loads(line).items():
+            actions.setdefault(kind, []).append(action)
+    return actions
