@@ -168,7 +168,10 @@ def test_a_commit_written_again_after_a_lost_answer_counts_and_another_is_refuse
     write("ours")  # the same bytes again: counted as done
     with pytest.raises(Exception) as refused:
         write("theirs")
-    assert "java.nio.file.FileAlreadyExistsException" in str(refused.value)
+    # the exception Delta retries on must be the one thrown, not only a cause in the trace
+    java = getattr(refused.value, "java_exception", None)
+    assert java is not None, refused.value
+    assert java.getClass().getName() == "java.nio.file.FileAlreadyExistsException", java
     history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("version = 1").collect()
     assert [h.userMetadata for h in history] == ["ours"]
 

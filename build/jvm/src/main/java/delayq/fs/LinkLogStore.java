@@ -111,11 +111,32 @@ public class LinkLogStore extends HadoopFileSystemLogStore {
       lost.initCause(e);
       throw lost;
     } catch (IOException | UnsupportedOperationException e) {
-      // EPERM or EOPNOTSUPP: a filesystem without hard links, where no commit can be made.
-      throw new IOException("could not link " + path + " (" + e + "): delayq.fs.LinkLogStore "
-          + "needs a filesystem with hard links (with one writer only, spark.delta.logStore."
-          + "file.impl=org.apache.spark.sql.delta.storage.HDFSLogStore will do)", e);
+      // The link may have landed although its answer failed (an NFS timeout, EIO): then the
+      // commit is ours, and reporting a failure would have a retry without txn append twice.
+      try {
+        if (Files.isSameFile(target, temp)) {
+          LOG.warn("linking {} failed ({}) but the commit is there: counting it as ours", path, e);
+          return;
+        }
+      } catch (IOException ignored) {
+        // no such file: the link did not land
+      }
+      if (e instanceof UnsupportedOperationException || isNoLinks(e)) {
+        throw new IOException("could not link " + path + " (" + e + "): delayq.fs.LinkLogStore "
+            + "needs a filesystem with hard links (with one writer only, spark.delta.logStore."
+            + "file.impl=io.delta.storage.HDFSLogStore will do)", e);
+      }
+      throw (IOException) e;
     }
+  }
+
+  /** EPERM, EOPNOTSUPP or EXDEV: a filesystem that makes no hard links here. */
+  private static boolean isNoLinks(Exception e) {
+    String text = String.valueOf(e.getMessage());
+    return e instanceof java.nio.file.AccessDeniedException
+        || text.contains("Operation not permitted")
+        || text.contains("Operation not supported")
+        || text.contains("Invalid cross-device link");
   }
 
   /** The existing commit is this write's own: the same file, or exactly the same bytes. */
