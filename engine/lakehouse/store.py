@@ -147,7 +147,9 @@ class Store(ABC):
         own object: an object that holds exactly ``data`` counts as this call's there (the
         engine's files carry what makes them unique: an engine id, a commit time, data
         files named by UUID; the one exception, a stamping plan, means the same batch
-        whoever wrote it). ``durable``: on a local disk, flush it to the device first.
+        whoever wrote it). On a local disk the file is linked from a hidden copy, and a
+        link an NFS client sent again finds the name already pointing at that copy: it
+        counts as this call's. ``durable``: on a local disk, flush it to the device first.
         """
 
     @abstractmethod
@@ -228,7 +230,9 @@ class LocalStore(Store):
             os.link(temp, final)
             return True
         except FileExistsError:
-            return False
+            # Taken: by another writer, or by this very link, sent again by an NFS client
+            # whose first answer was lost. The name then points at our own copy.
+            return _same_file(temp, final)
         except OSError as err:
             if err.errno not in _NO_LINKS:
                 raise
@@ -297,6 +301,14 @@ def _hidden_copy(final: str, data: bytes, *, durable: bool) -> str:
     temp = os.path.join(os.path.dirname(final), f".tmp-{uuid.uuid4().hex}")
     _write_new(temp, data, exclusive=True, durable=durable)
     return temp
+
+
+def _same_file(one: str, other: str) -> bool:
+    """Whether both names are one file (a hard link of the other)."""
+    try:
+        return os.path.samefile(one, other)
+    except FileNotFoundError:
+        return False
 
 
 def _write_new(path: str, data: bytes | memoryview, *, exclusive: bool, durable: bool) -> None:
