@@ -37,7 +37,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, unquote
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -73,7 +73,20 @@ SMALL_FILE_ROWS = 64
 #: Versions a commit may try before it gives up (each lost race moves one version on).
 COMMIT_ATTEMPTS = 1000
 HIVE_NULL = "__HIVE_DEFAULT_PARTITION__"
+#: What Spark's partition folder names escape (``ExternalCatalogUtils.escapePathName``).
+_PATH_ESCAPES = frozenset([chr(c) for c in range(1, 32)] + list("\"#%'*/:=?\\\x7f{[]^"))
 ENGINE_INFO = "delayq (log append)"
+
+
+def escape_path_name(name: str) -> str:
+    """A partition column or value as a folder name, escaped as Spark's and Hive's writers do
+    (``%XX`` for ``/``, ``=``, ``%``, ``:`` and the other characters a path cannot keep).
+
+    Example:
+        >>> escape_path_name("a b/c:d")
+        'a b%2Fc%3Ad'
+    """
+    return "".join(f"%{ord(c):02X}" if c in _PATH_ESCAPES else c for c in name)
 
 
 def unsupported(table: DeltaTable) -> str | None:
@@ -328,14 +341,15 @@ class LogAppender:
 
     def _write_file(self, rows: pa.Table, values: dict[str, str | None]) -> dict[str, Any]:
         folder = "/".join(
-            f"{quote(k, safe='')}={quote(HIVE_NULL if v is None else v, safe='')}"
+            f"{escape_path_name(k)}={escape_path_name(HIVE_NULL if v is None else v)}"
             for k, v in values.items()
         )
         name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
         relative = f"{folder}/{name}" if folder else name
         size = self.store.write_parquet(f"{self.path}/{relative}", rows)
         return {
-            "path": relative,
+            # the protocol's path is a URI: readers decode it to find the file
+            "path": quote(relative, safe="/="),
             "partitionValues": values,
             "size": size,
             "modificationTime": int(time.time() * 1000),
@@ -345,7 +359,7 @@ class LogAppender:
 
     def _remove(self, adds: list[dict[str, Any]]) -> None:
         for add in adds:
-            self.store.delete(f"{self.path}/{add['path']}")
+            self.store.delete(f"{self.path}/{unquote(add['path'])}")
 
     # ------------------------------------------------------------------ log
 

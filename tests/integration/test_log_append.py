@@ -14,7 +14,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 from chispa import assert_df_equality
-from deltalake import DeltaTable
+from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -22,7 +22,7 @@ from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.checkpoints import CHECKPOINTS
 from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.live_files import LiveFiles
-from engine.lakehouse.log_append import LogAppender
+from engine.lakehouse.log_append import HIVE_NULL, LogAppender
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
@@ -262,3 +262,31 @@ def test_an_append_between_stage_and_commit_and_a_second_commit_lose_and_repeat_
     ids = sorted(r.id for r in spark.read.format("delta").load(path).select("id").collect())
     assert ids == list(range(9))
     assert table.latest() == 3 and table.txn_version("rounds") == 1
+
+
+def test_a_partition_column_whose_name_needs_escaping_is_read_alike_by_spark_delta_rs_and_here(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The log's ``add.path`` is a URI (the protocol's rule): with a partition column named
+    ``my col:1`` every reader decodes the path to the folder the file is in, and the folder is
+    named as Spark names its own (``ExternalCatalogUtils.escapePathName``)."""
+    where = str(tmp_path / "escaped")
+    schema = pa.schema([("id", pa.int64()), ("my col:1", pa.int32())])
+    write_deltalake(where, schema.empty_table(), partition_by=["my col:1"])  # Spark refuses it
+    values = [1, -2, None]
+    rows = pa.table(
+        {"id": pa.array([0, 1, 2], pa.int64()), "my col:1": pa.array(values, pa.int32())}
+    )
+    assert LogAppender(where).append(rows)
+    expected = list(zip([0, 1, 2], values, strict=True))
+
+    by_spark = spark.read.format("delta").load(where).orderBy("id").collect()
+    assert [(r["id"], r["my col:1"]) for r in by_spark] == expected
+    by_delta_rs = DeltaTable(where).to_pyarrow_table().sort_by("id")
+    assert [tuple(r.values()) for r in by_delta_rs.to_pylist()] == expected
+    live = LiveFiles(where)
+    by_engine = live.dataset(live.latest()).to_table().sort_by("id")
+    assert [tuple(r.values()) for r in by_engine.select(["id", "my col:1"]).to_pylist()] == expected
+
+    folders = {p.name for p in Path(where).iterdir() if not p.name.startswith("_")}
+    assert folders == {"my col%3A1=1", "my col%3A1=-2", f"my col%3A1={HIVE_NULL}"}, folders
