@@ -16,7 +16,7 @@ Example:
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from delta.exceptions import (
@@ -27,10 +27,12 @@ from delta.exceptions import (
     MetadataChangedException,
     ProtocolChangedException,
 )
+from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 from pyspark.sql import DataFrame, SparkSession
 
 from engine.core.config import EngineConfig
+from engine.core.errors import SetupError
 from engine.lakehouse.layout import layout
 from engine.lakehouse.storage import store_for
 
@@ -138,6 +140,10 @@ def append(
             time.sleep(0.2 * attempt)
 
 
+#: The table property that lets Delta drop ``txn`` records older than it (at a checkpoint).
+TXN_RETENTION = "delta.setTransactionRetentionDuration"
+
+
 def table_exists(path: str) -> bool:
     """Whether a Delta table has been made at ``path``: its log holds a commit or a
     checkpoint (a file probe, no read). The log folder alone is not enough: another process
@@ -202,6 +208,51 @@ class VersionTracker:
         while store.exists(f"{self.path}/_delta_log/{self.version + 1:020d}.json"):
             self.version += 1
         return self.version
+
+
+def check_txn_kept(path: str, configuration: Mapping[str, str]) -> None:
+    """Refuse a table whose ``txn`` records may expire: delayq's writes skip a replay by the
+    ``txn`` they recorded, and with ``delta.setTransactionRetentionDuration`` set, Delta (Spark
+    and delta-rs) drops older ones at a checkpoint, so a replay after a longer stop would write
+    its rows again. No finite value is safe: an engine may stay stopped any time.
+
+    Raises:
+        SetupError: naming the table, the property and how to unset it.
+
+    Example:
+        >>> check_txn_kept("/lake/topics/orders", {"delta.appendOnly": "true"})
+        >>> check_txn_kept("/lake/schedule", {TXN_RETENTION: "interval 1 days"})
+        Traceback (most recent call last):
+        ...
+        engine.core.errors.SetupError: /lake/schedule: table property delta.setTra...
+    """
+    value = configuration.get(TXN_RETENTION)
+    if value is not None:
+        raise SetupError(
+            f"{path}: table property {TXN_RETENTION} = {value!r} lets Delta forget the txn "
+            "records that keep replays from writing rows twice: unset it (ALTER TABLE "
+            f"delta.`{path}` UNSET TBLPROPERTIES ('{TXN_RETENTION}'))"
+        )
+
+
+def check_tables_keep_txn(cfg: EngineConfig) -> None:
+    """:func:`check_txn_kept` for every table the engine writes that exists (its own, the
+    consumer log and the topic tables), reading only their metadata (not their files).
+
+    Example:
+        >>> check_tables_keep_txn(cfg)  # doctest: +SKIP
+    """
+    lay = layout(cfg)
+    own = [lay.commitlog, lay.schedule, lay.quarantine, lay.commands, lay.command_results,
+           lay.consumer_log]  # fmt: skip
+    for path in [*own, *(lay.topic(name) for name in list_topics(cfg))]:
+        if not table_exists(path):
+            continue
+        store = store_for(path)
+        table = DeltaTable(
+            store.delta_uri(path), storage_options=store.delta_options, without_files=True
+        )
+        check_txn_kept(path, table.metadata().configuration)
 
 
 def list_topics(cfg: EngineConfig) -> list[str]:

@@ -43,7 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
-from engine.lakehouse.delta_log import Txn
+from engine.lakehouse.delta_log import Txn, check_txn_kept
 from engine.lakehouse.storage import store_for
 from engine.lakehouse.store import Store
 
@@ -183,6 +183,7 @@ class LogAppender:
         """Read the table's state; and whether ``txn`` is already recorded in it."""
         identity = self._first_commit()  # before the read: a table made again after it differs
         table = self.store.delta_table(self.path)
+        check_txn_kept(self.path, table.metadata().configuration)
         done = txn is not None and txn.recorded_in(table.transaction_version)
         self.refused = unsupported(table)
         if self.refused:

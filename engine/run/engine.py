@@ -45,6 +45,7 @@ from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
 from engine.lakehouse.catalog import Catalog
+from engine.lakehouse.delta_log import check_tables_keep_txn
 from engine.lakehouse.layout import layout
 from engine.lakehouse.lease import Heartbeat, Lease
 from engine.lakehouse.tables import ensure_tables
@@ -158,11 +159,14 @@ class Engine:
         Raises:
             CheckpointError: when a checkpoint is missing but the tables it guards are not
                 empty (starting would stamp or deliver everything again).
+            SetupError: a table the engine writes lets Delta forget its ``txn`` records
+                (``delta.setTransactionRetentionDuration``), naming it and the property.
         """
         if self._opened:
             return self
         self.hold()
         ensure_tables(self.spark, self.cfg)
+        check_tables_keep_txn(self.cfg)
         self.delivery.open()
         check_checkpoints(
             self.spark,

@@ -155,6 +155,34 @@ def test_replaying_a_committed_round_changes_nothing(
     assert engine.delivery.progress == progress  # the committed progress, read again
 
 
+def test_a_table_that_may_forget_its_txn_records_is_refused_naming_it_and_the_property(
+    spark: SparkSession, cfg: EngineConfig, clock: FakeClock
+) -> None:
+    """``delta.setTransactionRetentionDuration`` lets a checkpoint drop the ``txn`` records a
+    replay is skipped by: at start, and when a running engine meets it on a topic table."""
+    from engine.core.errors import SetupError
+
+    ids = send_many(spark, cfg, mixed_messages(4), clock)
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    clock.advance(seconds=4)
+    engine.step()
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
+    orders = layout(cfg).topic("orders")
+    prop = "'delta.setTransactionRetentionDuration'"
+    spark.sql(f"ALTER TABLE delta.`{orders}` SET TBLPROPERTIES ({prop} = 'interval 1 days')")
+    more = send_many(spark, cfg, [Message("orders", "late", delay_level=1)], clock)
+    clock.advance(seconds=2)
+    with pytest.raises(SetupError, match=f"{orders}: table property delta.setTransaction"):
+        for _ in range(3):  # the stamping batch, then the round that writes orders
+            engine.step()
+    with pytest.raises(SetupError, match=f"{orders}: .* UNSET TBLPROPERTIES"):
+        Engine(spark, cfg, clock, out=lambda _: None).open()
+    spark.sql(f"ALTER TABLE delta.`{orders}` UNSET TBLPROPERTIES ({prop})")
+    engine = Engine(spark, cfg, clock, out=lambda _: None).open()
+    engine.step()
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids + more)
+
+
 def test_stamping_replay_stores_nothing_twice(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
