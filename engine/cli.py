@@ -332,6 +332,23 @@ def _id_lines(path: str) -> list[tuple[int, str, str | None]]:
     return found
 
 
+def _message_property(text: str) -> tuple[str, str]:
+    """A ``--property NAME=VALUE`` of ``delayq send``.
+
+    Raises:
+        InvalidMessageError: naming the field ``property`` and the text, without ``=`` or a
+            name.
+
+    Example:
+        >>> _message_property("region = eu")
+        ('region', 'eu')
+    """
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise InvalidMessageError("property", text, "give it as NAME=VALUE, e.g. region=eu")
+    return name.strip(), value.strip()
+
+
 def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq send``: print the id of every message sent."""
     from pyspark.sql import SparkSession
@@ -344,7 +361,7 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
     else:
         if not args.topic or args.body is None:
             raise DelayQError("send needs --topic and --body (or --file)")
-        props = dict(parse_override(p) for p in args.property)
+        props = dict(_message_property(p) for p in args.property)
         messages = [
             {
                 "topic": args.topic,
