@@ -39,7 +39,7 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
-from engine.lakehouse.checkpoints import CHECKPOINT_INTERVAL, CHECKPOINTS
+from engine.lakehouse.checkpoints import CHECKPOINTS, checkpoint_interval
 from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.log_append import LogAppender, conform
 from engine.lakehouse.storage import store_for
@@ -234,9 +234,13 @@ class ArrowDelta:
             with self._lock:
                 if staged is not None and self._appender.commit(staged):
                     version = self._appender.version
+                    interval = self._appender.checkpoint_interval
                 else:
                     version = self._append_delta_rs(rows, txn, metadata, file_rows)
-            if version % CHECKPOINT_INTERVAL == 0:
+                    table = self._table or self._latest_table()
+                    config = table.metadata().configuration if table is not None else {}
+                    interval = checkpoint_interval(config)
+            if version % interval == 0:
                 CHECKPOINTS.request(self.path)
 
         return commit

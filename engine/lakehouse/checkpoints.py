@@ -1,12 +1,13 @@
 """Delta checkpoints written beside the hot path, by one background thread.
 
-A checkpoint (every :data:`CHECKPOINT_INTERVAL` versions, as Spark's Delta does by default)
-lets a reader start from one Parquet file instead of replaying every commit. Writing one
-reads the whole table state, which grows with the table's files: done inside a delivery
-round or a stamping batch it would make their latency grow with the table. Appends ask
-:data:`CHECKPOINTS` for one and return; the thread writes it (delta-rs) and removes log
-files past the table's log retention. A checkpoint that fails or never runs loses nothing:
-the commits are the table, the checkpoint only a shortcut, and a later one is asked again.
+A checkpoint (every ``delta.checkpointInterval`` versions, 10 unless the table says
+otherwise) lets a reader start from one Parquet file instead of replaying every commit.
+Writing one reads the whole table state, which grows with the table's files: done inside a
+delivery round or a stamping batch it would make their latency grow with the table. Appends
+ask :data:`CHECKPOINTS` for one and return; the thread writes it (delta-rs) and removes log
+files past the table's log retention, unless ``delta.enableExpiredLogCleanup`` is false. A
+checkpoint that fails or never runs loses nothing: the commits are the table, the checkpoint
+only a shortcut, and a later one is asked again.
 
 Example:
     >>> CHECKPOINTS.request("/lake/topics/orders")  # doctest: +SKIP
@@ -20,6 +21,7 @@ import atexit
 import logging
 import threading
 import time
+from collections.abc import Mapping
 
 from engine.lakehouse.storage import store_for
 
@@ -27,7 +29,34 @@ log = logging.getLogger(__name__)
 
 #: A checkpoint every this many versions, as Spark's Delta does by default (delta-rs would
 #: wait 100): Spark readers of a table appended from here replay at most this many commits.
+#: A table's own ``delta.checkpointInterval`` wins.
 CHECKPOINT_INTERVAL = 10
+
+
+def checkpoint_interval(configuration: Mapping[str, str]) -> int:
+    """Versions between checkpoints: the table's ``delta.checkpointInterval``, else
+    :data:`CHECKPOINT_INTERVAL`.
+
+    Example:
+        >>> checkpoint_interval({"delta.checkpointInterval": "25"}), checkpoint_interval({})
+        (25, 10)
+    """
+    try:
+        value = int(configuration.get("delta.checkpointInterval", CHECKPOINT_INTERVAL))
+    except ValueError:
+        return CHECKPOINT_INTERVAL  # Delta itself would refuse the table's writes
+    return value if value > 0 else CHECKPOINT_INTERVAL
+
+
+def cleans_expired_log(configuration: Mapping[str, str]) -> bool:
+    """Whether log files past the table's log retention are deleted after a checkpoint:
+    ``delta.enableExpiredLogCleanup`` (default true), as Spark's Delta does.
+
+    Example:
+        >>> cleans_expired_log({"delta.enableExpiredLogCleanup": "false"})
+        False
+    """
+    return configuration.get("delta.enableExpiredLogCleanup", "true").strip().lower() != "false"
 
 
 class Checkpointer:
@@ -91,7 +120,8 @@ class Checkpointer:
             try:
                 table = store_for(uri).delta_table(uri)
                 table.create_checkpoint()
-                table.cleanup_metadata()  # log files past delta.logRetentionDuration
+                if cleans_expired_log(table.metadata().configuration):
+                    table.cleanup_metadata()  # log files past delta.logRetentionDuration
             except Exception as err:  # the commits stand; a later request checkpoints again
                 log.warning("checkpoint of %s failed: %s", uri, err)
                 log.debug("checkpoint failure", exc_info=True)
@@ -105,4 +135,10 @@ class Checkpointer:
 CHECKPOINTS = Checkpointer()
 atexit.register(CHECKPOINTS.stop)
 
-__all__ = ["CHECKPOINTS", "CHECKPOINT_INTERVAL", "Checkpointer"]
+__all__ = [
+    "CHECKPOINTS",
+    "CHECKPOINT_INTERVAL",
+    "Checkpointer",
+    "checkpoint_interval",
+    "cleans_expired_log",
+]

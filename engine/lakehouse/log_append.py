@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from engine.lakehouse.checkpoints import CHECKPOINT_INTERVAL, checkpoint_interval
 from engine.lakehouse.delta_log import Txn, check_txn_kept
 from engine.lakehouse.storage import store_for
 from engine.lakehouse.store import Store
@@ -129,6 +130,7 @@ class _State:
     version: int
     schema: pa.Schema
     partitions: list[str]
+    checkpoint_interval: int = CHECKPOINT_INTERVAL
 
 
 @dataclass
@@ -194,6 +196,7 @@ class LogAppender:
             version=int(table.version()),
             schema=pa.schema(table.schema().to_arrow()),
             partitions=list(table.metadata().partition_columns),
+            checkpoint_interval=checkpoint_interval(table.metadata().configuration),
         )
         return self._state, done
 
@@ -201,6 +204,11 @@ class LogAppender:
     def version(self) -> int:
         """The latest version this appender knows of (-1 before the first append)."""
         return self._state.version if self._state else -1
+
+    @property
+    def checkpoint_interval(self) -> int:
+        """Versions between the table's checkpoints (``delta.checkpointInterval``)."""
+        return self._state.checkpoint_interval if self._state else CHECKPOINT_INTERVAL
 
     def append(
         self,
