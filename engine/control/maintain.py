@@ -87,8 +87,10 @@ class TableReport:
         bytes_before: their size before.
         bytes_after: and after.
         stored_before: data files in storage before (every version's, and leftovers).
-        stored_after: after the clean-up.
-        freed_bytes: bytes deleted from storage.
+        stored_after: after the clean-up (files written meanwhile, by the engine or a
+            producer, included).
+        deleted_files: data files that were in storage before and are gone after.
+        freed_bytes: their bytes.
         seconds: how long it took.
     """
 
@@ -99,6 +101,7 @@ class TableReport:
     bytes_after: int
     stored_before: int
     stored_after: int
+    deleted_files: int
     freed_bytes: int
     seconds: float
 
@@ -106,15 +109,16 @@ class TableReport:
         """One line for people.
 
         Example:
-            >>> done = TableReport("schedule", 412, 9, 3_100_000, 2_800_000, 820, 9, 2_900_000, 4.2)
+            >>> done = TableReport(
+            ...     "schedule", 412, 9, 3_100_000, 2_800_000, 820, 12, 811, 2_900_000, 4.2
+            ... )
             >>> print(done.line())  # doctest: +NORMALIZE_WHITESPACE
             schedule: 412 files (3.1 MB) -> 9 files (2.8 MB); 811 files (2.9 MB) deleted from
             storage in 4.2 s
         """
-        deleted = self.stored_before - self.stored_after
         return (
             f"{self.table}: {self.files_before} files ({_mb(self.bytes_before)}) -> "
-            f"{self.files_after} files ({_mb(self.bytes_after)}); {deleted} files "
+            f"{self.files_after} files ({_mb(self.bytes_after)}); {self.deleted_files} files "
             f"({_mb(self.freed_bytes)}) deleted from storage in {self.seconds:.1f} s"
         )
 
@@ -192,15 +196,19 @@ def maintain(
         else:
             say(f"{name}: not vacuumed: {blocker}")
         stored_after = _stored(spark, path)
+        # by name: the engine and producers add files meanwhile (a difference of counts
+        # went negative beside a busy engine)
+        gone = stored_before.keys() - stored_after.keys()
         yield TableReport(
             name,
             before[0],
             after[0],
             before[1],
             after[1],
-            stored_before[0],
-            stored_after[0],
-            max(stored_before[1] - stored_after[1], 0),
+            len(stored_before),
+            len(stored_after),
+            len(gone),
+            sum(stored_before[name] for name in gone),
             time.monotonic() - started,
         )
 
@@ -368,19 +376,18 @@ def _detail(spark: SparkSession, path: str) -> tuple[int, int]:
     return (int(row["numFiles"] or 0), int(row["sizeInBytes"] or 0)) if row else (0, 0)
 
 
-def _stored(spark: SparkSession, path: str) -> tuple[int, int]:
-    """Data files in storage under the table's folder (not its log), and their bytes."""
+def _stored(spark: SparkSession, path: str) -> dict[str, int]:
+    """Data files in storage under the table's folder (not its log): bytes by path."""
     root, fs = hadoop_path(spark, path)
     files = fs.listFiles(root, True)
-    count = size = 0
+    found: dict[str, int] = {}
     while files.hasNext():
         status = files.next()
         relative = status.getPath().toString()[len(root.toString()) :]
         if "/_delta_log/" in relative + "/" or not relative.endswith(".parquet"):
             continue
-        count += 1
-        size += int(status.getLen())
-    return count, size
+        found[relative] = int(status.getLen())
+    return found
 
 
 def _mb(size: int) -> str:
