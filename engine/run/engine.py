@@ -49,6 +49,7 @@ from engine.lakehouse.delta_log import check_tables_keep_txn
 from engine.lakehouse.layout import layout
 from engine.lakehouse.lease import Heartbeat, Lease
 from engine.lakehouse.tables import ensure_tables
+from engine.run.failures import is_transient
 from engine.stamp.stamper import Stamper
 
 log = logging.getLogger("delayq")
@@ -308,6 +309,8 @@ class Engine:
                 except Exception as err:  # storage failures: the plan makes a retry safe
                     if self._stopping.is_set():
                         return  # interrupted by stop(): the plan is run again at restart
+                    if not is_transient(err):
+                        raise  # a bug: the same every time, so stop now (reported as one)
                     failing = self._stamping_failed(err, failing)
                 self._stopping.wait(interval)
         except BaseException as err:  # terminal: run() (check_queries) reports it
@@ -357,6 +360,8 @@ class Engine:
         except Exception as err:  # Spark/storage failures: the plan makes a retry safe
             if self._stopping.is_set():
                 return  # interrupted by stop(): the plan (if any) is replayed at restart
+            if not is_transient(err):
+                raise  # a bug: the same every time, so stop now (reported as one)
             self._retry_later(err)
 
     def _retry_later(self, err: Exception) -> None:

@@ -642,3 +642,36 @@ def test_the_running_engine_plans_rounds_ahead_and_never_shows_a_row_before_it_i
         f"\n{len(plans)} rounds planned, {len(ahead)} ahead of the clock; {len(early_risk)} "
         f"rows planned before they were due; {len(waited)} rounds waited for their watermark"
     )
+
+
+def test_a_round_failing_for_a_bug_stops_the_engine_at_once_a_passing_failure_is_retried(
+    spark: SparkSession, cfg: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk hiccup is retried after the back-off; a ``TypeError`` (the same every time) ends
+    the delivery stage at the next try, raised as it is, so the job reports a bug (exit 70)
+    instead of retrying for five minutes and exiting as a delivery failure."""
+    import engine.run.engine as running
+
+    monkeypatch.setattr(running, "ERROR_BACKOFF_S", 0.2)
+    engine = Engine(spark, cfg, out=lambda _: None)
+    tries: list[str] = []
+
+    def failing(lead_ms: int = 0) -> RoundResult:
+        tries.append("round")
+        if len(tries) == 1:
+            raise OSError(5, "Input/output error", "schedule/part-0.parquet")
+        raise TypeError("unsupported operand type(s) for +: 'int' and 'NoneType'")
+
+    monkeypatch.setattr(engine.delivery, "run_round", failing)
+    engine.start()
+    try:
+        deadline = time.monotonic() + 60
+        while engine.stats.errors < 1 or len(tries) < 2:
+            assert time.monotonic() < deadline, f"tries {tries}, errors {engine.stats.errors}"
+            time.sleep(0.05)
+        time.sleep(1.0)  # many back-offs: a retried bug would try again meanwhile
+        with pytest.raises(TypeError, match="unsupported operand"):
+            engine.check_queries()
+        assert (len(tries), engine.stats.errors) == (2, 1), "the hiccup retried, the bug not"
+    finally:
+        engine.stop()
