@@ -38,13 +38,24 @@ help: ## Show this help
 
 setup: venv jars kafka-jars s3-jars ## Install the Python environment and fetch the JVM jars
 
-venv: $(VENV)/.installed ## Create .venv and install the package with its test extras
+venv: $(VENV)/.installed $(VENV)/.spark-launcher ## Create .venv and install the package with its test extras
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11 (e.g. pyenv install 3.11)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
 	$(BIN)/python -m pip install -q -e '.[test]'
+	@touch $@
+
+# PySpark's find-spark-home asks the python3 on PATH where PySpark is: without the venv
+# activated that is another Python, and .venv/bin/spark-submit fails (/bin/spark-class).
+# This venv's Spark and Python instead, activated or not (a SPARK_HOME or PYSPARK_PYTHON you
+# set wins); spark-submit, spark-sql, beeline and pyspark all read it.
+$(VENV)/.spark-launcher: $(VENV)/.installed Makefile
+	@{ echo '# Written by make venv: this venv'"'"'s Spark and Python, with or without activation'; \
+	   echo 'if [ -z "$${SPARK_HOME}" ]; then export SPARK_HOME="'"$$($(BIN)/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"'"; fi'; \
+	   echo 'if [ -z "$${PYSPARK_PYTHON}" ]; then export PYSPARK_PYTHON="$(abspath $(BIN)/python)"; fi'; \
+	 } > $(BIN)/find-spark-home
 	@touch $@
 
 jars: $(SPARK_PROPS) $(JARS)/.class-archive ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore

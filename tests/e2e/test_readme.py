@@ -8,6 +8,8 @@ and ``PATH`` (without the venv), plus ``DELAYQ_CONF`` naming a configuration fil
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
 import time
 from pathlib import Path
 
@@ -16,6 +18,7 @@ import pytest
 from engine.lakehouse.session import REPO_ROOT
 from tests.support.readme import (
     BLOCK_TIMEOUT_S,
+    Background,
     PythonSession,
     blocks,
     commands,
@@ -59,17 +62,31 @@ def test_readme_blocks_run_as_written(user_env: dict[str, str], tmp_path: Path) 
     python = PythonSession(
         str(REPO_ROOT / ".venv" / "bin" / "python"), user_env, REPO_ROOT, tmp_path / "python.log"
     )
+    background: Background | None = None
     try:
         for block in runnable:
             where = f"README.md:{block.line}"
             started = time.monotonic()
-            if block.language == "bash":
+            if block.stops_background:
+                assert background is not None, f"{where}: no background block to stop"
+                background.stop()
+                background = None
+            if block.background_until is not None:
+                assert background is None, f"{where}: a second background block"
+                background = Background(block, user_env, REPO_ROOT, where, tmp_path / "bg.log")
+            elif block.language == "bash":
                 run_shell(block, user_env, REPO_ROOT, where)
             else:
                 ok, printed = python.run(block.code, BLOCK_TIMEOUT_S)
                 assert ok, f"{where}: the Python block failed\n{block.code}\n---\n{printed[-4000:]}"
             print(f"{where} ({block.language}): {time.monotonic() - started:.1f} s", flush=True)
+        if background is not None:
+            background.stop()
+            background = None
     finally:
+        if background is not None:
+            with contextlib.suppress(AssertionError):
+                background.stop()
         python.close()
 
 
@@ -94,3 +111,18 @@ def test_the_engine_jobs_line_is_one_the_readme_check_runs() -> None:
     run_there = {c for b in readme if b.illustrative is None for c in commands(b.code)}
     missing = [c for c in commands(block.code) if c not in run_there]
     assert not missing, f"jobs/delay_engine.py's lines run by no README block: {missing}"
+
+
+def test_the_venvs_spark_commands_run_without_activation(tmp_path: Path) -> None:
+    """``.venv/bin/spark-submit`` (and ``spark-sql``, ``beeline``, ``pyspark``: one launcher)
+    from a plain shell, the venv not activated: Spark is found, and the job runs on the venv's
+    Python (PySpark's own launcher asked the python3 on PATH, and failed)."""
+    job = tmp_path / "which_python.py"
+    job.write_text("import sys, engine\nprint('python:', sys.executable)\n")
+    env = plain_env(tmp_path)
+    done = subprocess.run(
+        [".venv/bin/spark-submit", str(job)],
+        capture_output=True, text=True, env=env, cwd=REPO_ROOT, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert f"python: {REPO_ROOT / '.venv' / 'bin' / 'python'}" in done.stdout, done.stdout

@@ -5,6 +5,12 @@ A fenced ``bash`` or ``python`` block runs unless the line just before its fence
 block skips that block's lines starting with PREFIX. In a shell block a line may exit 1 only
 when its comment says ``exit 1``; any other non-zero exit fails. Python blocks continue one
 interpreter session, in order, interleaved with the shell blocks as in the file.
+
+A shell block the README tells the reader to leave running in a second terminal (an engine)
+is marked ``<!-- readme-check: background until "TEXT" -->``: it starts in the background, the
+check goes on once it has printed TEXT, and it is stopped with Ctrl-C (SIGINT to its process
+group, as a terminal sends it) before a block marked ``<!-- readme-check: stop background -->``
+or at the end; it must then exit 0 without a stack trace.
 """
 
 from __future__ import annotations
@@ -13,9 +19,11 @@ import ast
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -28,6 +36,8 @@ _JVM_VARIABLES = ("SPARK_SUBMIT_OPTS", "SPARK_DAEMON_JAVA_OPTS", "SPARK_EXECUTOR
 _FENCE = re.compile(r"^```(\w*)\s*$")
 _ILLUSTRATIVE = re.compile(r"^<!--\s*illustrative:\s*(.+?)\s*-->\s*$")
 _SKIP = re.compile(r'^<!--\s*readme-check:\s*skip\s+"([^"]+)"')
+_BACKGROUND = re.compile(r'^<!--\s*readme-check:\s*background\s+until\s+"([^"]+)"\s*-->\s*$')
+_STOP_BACKGROUND = re.compile(r"^<!--\s*readme-check:\s*stop background\s*-->\s*$")
 
 
 @dataclass(frozen=True)
@@ -39,6 +49,10 @@ class Block:
     line: int  # of the opening fence, 1-based
     illustrative: str | None = None
     skip: tuple[str, ...] = field(default_factory=tuple)
+    #: runs in the background; the check goes on once it printed this
+    background_until: str | None = None
+    #: the background block is stopped before this one runs
+    stops_background: bool = False
 
 
 def blocks(text: str) -> list[Block]:
@@ -58,6 +72,7 @@ def blocks(text: str) -> list[Block]:
         after = lines[end + 1] if end + 1 < len(lines) else ""
         illustrative = _ILLUSTRATIVE.match(before)
         skips = tuple(m.group(1) for m in (_SKIP.match(before), _SKIP.match(after)) if m)
+        background = _BACKGROUND.match(before)
         if fence.group(1) in ("bash", "python"):
             found.append(
                 Block(
@@ -66,6 +81,8 @@ def blocks(text: str) -> list[Block]:
                     i + 1,
                     illustrative.group(1) if illustrative else None,
                     skips,
+                    background.group(1) if background else None,
+                    bool(_STOP_BACKGROUND.match(before)),
                 )
             )
         i = end + 1
@@ -199,6 +216,49 @@ def run_shell(block: Block, env: dict[str, str], cwd: Path, where: str) -> str:
     )
     assert "Traceback" not in done.stdout + done.stderr, f"{where}: a stack trace\n{done.stderr}"
     return done.stdout
+
+
+class Background:
+    """A shell block left running, as in a second terminal."""
+
+    def __init__(self, block: Block, env: dict[str, str], cwd: Path, where: str, log: Path):
+        assert block.background_until is not None
+        self.where = where
+        self._log_path = log
+        self._log = log.open("wb")
+        self._process = subprocess.Popen(
+            ["bash", "--noprofile", "--norc", "-c", shell_script(block)],
+            stdout=self._log, stderr=subprocess.STDOUT, cwd=cwd, start_new_session=True,
+            env={**env, "PYTHONUNBUFFERED": "1"},  # each line as a terminal shows it
+        )  # fmt: skip
+        deadline = time.monotonic() + BLOCK_TIMEOUT_S
+        while block.background_until not in self.printed():
+            assert self._process.poll() is None, (
+                f"{where}: the background block ended (exit {self._process.returncode}) before "
+                f"printing {block.background_until!r}\n{self.printed()[-4000:]}"
+            )
+            assert time.monotonic() < deadline, f"{where}: nothing printed in time"
+            time.sleep(0.2)
+
+    def printed(self) -> str:
+        """What it printed so far (standard output and error)."""
+        return self._log_path.read_text(encoding="utf-8", errors="replace")
+
+    def stop(self, timeout: float = 120.0) -> None:
+        """Ctrl-C, as a terminal sends it (SIGINT to the process group); fail unless it then
+        exits 0 without a stack trace."""
+        if self._process.poll() is None:
+            os.killpg(self._process.pid, signal.SIGINT)
+        try:
+            code = self._process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(self._process.pid, signal.SIGKILL)
+            self._process.wait()
+            code = None
+        self._log.close()
+        printed = self.printed()
+        assert code == 0, f"{self.where}: Ctrl-C ended it with exit {code}\n{printed[-4000:]}"
+        assert "Traceback" not in printed, f"{self.where}: a stack trace\n{printed[-4000:]}"
 
 
 def docstring_block(path: Path) -> Block | None:

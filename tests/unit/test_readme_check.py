@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
-from tests.support.readme import blocks, shell_script
+import pytest
+
+from tests.support.readme import Background, blocks, shell_script
 
 DOC = """Intro.
 
@@ -52,3 +55,33 @@ def test_exit_1_passes_only_where_the_comment_says_so() -> None:
     assert run(shell_script(allowed)).stdout.strip() == "on"
     (other,) = blocks("```bash\n(exit 2)   # exit 1 while no engine runs\necho on\n```\n")
     assert run(shell_script(other)).returncode == 1
+
+
+def test_a_background_block_and_the_block_that_stops_it_are_marked() -> None:
+    found = blocks(
+        '<!-- readme-check: background until "answering" -->\n```bash\ndelayq run\n```\n\n'
+        "<!-- readme-check: stop background -->\n```python\nx = 1\n```\n"
+    )
+    assert [(b.background_until, b.stops_background) for b in found] == [
+        ("answering", False),
+        (None, True),
+    ]
+
+
+def _serving(on_ctrl_c: str) -> str:
+    return (
+        '<!-- readme-check: background until "ready" -->\n```bash\n'
+        f"trap '{on_ctrl_c}' INT; echo ready; while true; do sleep 0.1; done\n```\n"
+    )
+
+
+def test_a_background_block_runs_until_ctrl_c_and_must_end_cleanly(tmp_path: Path) -> None:
+    env = {"PATH": "/usr/bin:/bin"}
+    (clean,) = blocks(_serving("exit 0"))
+    server = Background(clean, env, tmp_path, "README.md:2", tmp_path / "a.log")
+    assert "ready" in server.printed()
+    server.stop()
+    (unclean,) = blocks(_serving("exit 3"))
+    server = Background(unclean, env, tmp_path, "README.md:2", tmp_path / "b.log")
+    with pytest.raises(AssertionError, match="exit 3"):
+        server.stop()
