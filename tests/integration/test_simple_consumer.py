@@ -59,9 +59,14 @@ def test_receive_hides_messages_until_acked_or_their_time_is_over(
     back = second.receive(max_messages=10)
     assert [(m.body, m.reconsume_times) for m in back] == [(b"lost", 1)], "only the unacked one"
     assert back[0].topic == "orders"
+    # a copy (README): an id of its own, the first message's id as its origin
+    assert back[0].msg_id != got["lost"].msg_id
+    assert back[0].origin_msg_id == got["lost"].msg_id == got["lost"].origin_msg_id
     _run(engine, clock, 6)  # t=12: back again, the last time before the dead letters
     (again,) = first.receive(max_messages=10)
     assert (again.body, again.reconsume_times) == (b"lost", 2)
+    assert again.msg_id not in (back[0].msg_id, got["lost"].msg_id)
+    assert again.origin_msg_id == got["lost"].msg_id
     _run(engine, clock, 6)  # t=18: not acknowledged: dead
     assert first.receive(max_messages=10) == []
     dead = spark.read.format("delta").load(layout(cfg).topic("dlq_workers")).collect()
