@@ -20,11 +20,13 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 
 import numpy as np
 import pyarrow as pa
@@ -175,7 +177,19 @@ class _JvmSender:
             os.remove(path)
 
 
-class KafkaTopicSink:
+class _SentWhenShown:
+    """A Kafka sink's :meth:`stage`: nothing can be prepared unseen (a record is read once
+    sent), so the returned call does the whole write."""
+
+    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
+        raise NotImplementedError
+
+    def stage(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> Callable[[], None]:
+        """The write, deferred to the call the round makes at its watermark."""
+        return functools.partial(self.write, round_, table, rows, replayed)
+
+
+class KafkaTopicSink(_SentWhenShown):
     """A Kafka topic named like the topic table, at least once across crashes.
 
     A marker file per round and topic, written after the broker acknowledged the round's
@@ -230,7 +244,7 @@ MARKERS_TOPIC = "delayq_rounds"
 MARKERS_READ_S = 20.0
 
 
-class TransactionalKafkaSink:
+class TransactionalKafkaSink(_SentWhenShown):
     """A Kafka topic named like the topic table, exactly once for ``read_committed`` readers
     (``kafka.exactly_once = true``).
 

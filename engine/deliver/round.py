@@ -90,7 +90,7 @@ from engine.deliver.due import (
     topic_tables,
 )
 from engine.deliver.lateness import Lateness
-from engine.deliver.sinks import SinkFactory, Sinks, SinkSet, staged_write
+from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker
 from engine.lakehouse.layout import Layout
@@ -462,7 +462,7 @@ class Delivery:
         def stage(name: str) -> list[Callable[[], None]]:
             rows = tables[name]
             return [
-                staged_write(sink, plan.round, name, rows, replayed)
+                sink.stage(plan.round, name, rows, replayed)
                 for sink in sinks.of(name)
                 if not (replayed and sink.written(plan.round, name))
             ]

@@ -1,7 +1,8 @@
 """Where a delivery round writes a topic's due rows: the sink protocol and the Delta sink.
 
 Resume contract (what a crash and a replay do): a round records its plan before its first
-write, then calls :meth:`TopicSink.write` once per topic table, then commits its progress. A
+write, then stages each topic table's write (:meth:`TopicSink.stage`), makes the calls that
+show the rows at its watermark, then commits its progress. A
 round replayed after a crash has the same plan and computes exactly the same rows; for each
 table it first asks :meth:`TopicSink.written` and skips a write that finished. So a sink
 whose ``written`` never misses a finished write delivers exactly once (Delta: the commit
@@ -39,19 +40,34 @@ HISTORY_LOOKBACK = 1000
 
 
 class TopicSink(Protocol):
-    """Writes one round's rows of one topic table; says whether a round's write finished."""
+    """Writes one round's rows of one topic table; says whether a round's write finished.
+
+    The rules a sink keeps, on which exactly-once and never-early rest:
+
+    * **Never early.** :meth:`stage` may run before the round's watermark (the running engine
+      plans ahead) and must do only what no reader can see; the call it returns shows the
+      rows, and the round makes it at or after the watermark. A sink that cannot prepare
+      anything unseen (Kafka: a record is read once sent) does its whole write in that call.
+    * **Resume.** A round is replayed with the same rows after a crash. On replay (only) the
+      round asks :meth:`written` first and skips a sink that says the round's write finished;
+      so a write must leave a durable record of the round that :meth:`written` finds (the
+      Delta sink: the ``txn`` its commit records; Kafka: a marker), recorded in the same
+      commit as the rows or after them, never before.
+    """
 
     def written(self, round_: int, table: str) -> bool:
         """Whether round ``round_`` finished its write of ``table`` (asked on replay only)."""
         ...
 
-    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
-        """Write the round's rows of ``table`` (topic-table columns) in one commit."""
+    def stage(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> Callable[[], None]:
+        """Do now what no reader sees; return the call that shows the rows (made at or
+        after the round's watermark)."""
         ...
 
-    # A sink may also have ``stage(round_, table, rows, replayed) -> Callable[[], None]``:
-    # do now what no reader sees (the Delta sink: the data files), and return the call
-    # that shows the rows (see :func:`staged_write`).
+    def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
+        """Write the round's rows of ``table`` (topic-table columns): :meth:`stage`, then
+        the call it returns."""
+        ...
 
 
 class SinkSet(Protocol):
@@ -153,24 +169,6 @@ class Sinks:
         delta: list[TopicSink] = [self.delta] if chosen in ("delta", "both") else []
         kafka: list[TopicSink] = [self.kafka] if chosen in ("kafka", "both") else []
         return kafka + delta
-
-
-def staged_write(
-    sink: TopicSink, round_: int, table: str, rows: pa.Table, replayed: bool
-) -> Callable[[], None]:
-    """Do what a sink's write can do before the rows may be seen; return what makes them
-    seen. A sink with a ``stage`` method (the Delta sink: the data files) prepares ahead;
-    any other sink (Kafka: a send is seen at once) does its whole write in the returned call.
-
-    Example:
-        >>> commit = staged_write(sinks.delta, 7, "orders", rows, False)  # doctest: +SKIP
-        >>> commit()  # at or after the round's watermark  # doctest: +SKIP
-    """
-    stage = getattr(sink, "stage", None)
-    if stage is None:
-        return lambda: sink.write(round_, table, rows, replayed)
-    commit: Callable[[], None] = stage(round_, table, rows, replayed)
-    return commit
 
 
 #: Builds the sinks of a delivery checkpoint: ``Sinks`` unless the engine is given another.

@@ -195,8 +195,13 @@ class ArrowDelta:
 
         Args:
             rows: the rows; columns the table has, in any order.
-            txn: recorded with the commit, as Spark's ``txnAppId``/``txnVersion`` are (the
-                caller checks :meth:`txn_version` before writing again).
+            txn: recorded with the commit, as Spark's ``txnAppId``/``txnVersion`` are. Unlike
+                Spark's writer (:func:`engine.lakehouse.delta_log.append`), the write does not
+                look the pair up first: it is skipped only when the pair turns up while the
+                table is read (this handle's first read of it, or a commit this append loses
+                a race to). A replay asks :meth:`txn_version` before writing again (as
+                ``DeltaTopicSink.written`` does); that lookup reads the table, which the hot
+                path of every round should not pay.
             metadata: the commit's ``userMetadata``.
             file_rows: cut data files at this many rows or fewer (about, on tables only
                 delta-rs writes: it cuts by size, estimated by encoding a sample of rows).

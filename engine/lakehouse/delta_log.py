@@ -111,8 +111,10 @@ def append(
     Args:
         df: the rows.
         path: the table.
-        txn: make the append idempotent (``txnAppId``/``txnVersion``): replaying it with the
-            same pair writes nothing.
+        txn: make the append idempotent (``txnAppId``/``txnVersion``): Spark looks the pair
+            up at every write and writes nothing when the table records the app id at this
+            version or later. (:meth:`engine.lakehouse.arrow_delta.ArrowDelta.append` records
+            the pair but does not look it up first: see there.)
         metadata: the commit's ``userMetadata`` (shown by ``DESCRIBE HISTORY``).
         max_records_per_file: cut data files at this many rows.
 

@@ -290,3 +290,28 @@ def test_a_partition_column_whose_name_needs_escaping_is_read_alike_by_spark_del
 
     folders = {p.name for p in Path(where).iterdir() if not p.name.startswith("_")}
     assert folders == {"my col%3A1=1", "my col%3A1=-2", f"my col%3A1={HIVE_NULL}"}, folders
+
+
+def test_the_txn_rules_of_the_two_writers_as_documented(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """Spark's append looks its ``txn`` up at every write and skips a recorded one; the
+    engine's Arrow append records it and skips only when it meets it reading the table (a
+    replay asks ``txn_version`` first). Both rules are in the writers' docstrings."""
+    from engine.lakehouse.delta_log import append
+
+    where = _spark_table(spark, tmp_path / "t")
+    first = ArrowDelta(where)
+    first.append(_rows(0, 2), txn=Txn("app", 1))  # this handle has read the table now
+    append(spark.createDataFrame(_rows(2, 2).to_pandas()), where, txn=Txn("app", 1))
+    assert spark.read.format("delta").load(where).count() == 2, "Spark skipped the recorded txn"
+    assert ArrowDelta(where).txn_version("app") == 1
+    ArrowDelta(where).append(_rows(4, 2), txn=Txn("app", 1))
+    assert spark.read.format("delta").load(where).count() == 2, "a new handle reads it: skipped"
+    append(spark.createDataFrame(_rows(6, 2).to_pandas()), where, txn=Txn("app", 2))
+    first.append(_rows(8, 1))  # loses version 2 to Spark's commit, reads it, commits 3
+    first.append(_rows(9, 2), txn=Txn("app", 2))  # recorded at a version it has passed
+    assert spark.read.format("delta").load(where).count() == 7, "not looked up: written"
+    first.append(_rows(11, 2), txn=Txn("app", 3))
+    append(spark.createDataFrame(_rows(13, 2).to_pandas()), where, txn=Txn("app", 3))
+    assert spark.read.format("delta").load(where).count() == 9, "Spark looked it up: skipped"

@@ -30,6 +30,9 @@ class _CrashingSink:
     def written(self, round_: int, table: str) -> bool:
         return self.inner.written(round_, table)
 
+    def stage(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> Callable[[], None]:
+        return lambda: self.write(round_, table, rows, replayed)  # all of it at the commit
+
     def write(self, round_: int, table: str, rows: pa.Table, replayed: bool) -> None:
         chosen = self.tables is None or table in self.tables
         if chosen and not self.after:
