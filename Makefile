@@ -49,13 +49,18 @@ $(VENV)/.installed: pyproject.toml
 
 # PySpark's find-spark-home asks the python3 on PATH where PySpark is: without the venv
 # activated that is another Python, and .venv/bin/spark-submit fails (/bin/spark-class).
-# This venv's Spark and Python instead, activated or not (a SPARK_HOME or PYSPARK_PYTHON you
-# set wins); spark-submit, spark-sql, beeline and pyspark all read it.
-$(VENV)/.spark-launcher: $(VENV)/.installed Makefile
-	@{ echo '# Written by make venv: this venv'"'"'s Spark and Python, with or without activation'; \
-	   echo 'if [ -z "$${SPARK_HOME}" ]; then export SPARK_HOME="'"$$($(BIN)/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))')"'"; fi'; \
-	   echo 'if [ -z "$${PYSPARK_PYTHON}" ]; then export PYSPARK_PYTHON="$(abspath $(BIN)/python)"; fi'; \
-	 } > $(BIN)/find-spark-home
+# This venv's Spark and Python instead, activated or not; spark-submit, spark-sql, beeline
+# and pyspark read it when SPARK_HOME is not set (with SPARK_HOME set they use that Spark,
+# and PYSPARK_PYTHON says which Python). Written again if pip puts PySpark's back.
+$(BIN)/find-spark-home: $(VENV)/.installed
+
+$(VENV)/.spark-launcher: $(VENV)/.installed $(BIN)/find-spark-home Makefile
+	@home=$$($(BIN)/python -c 'import os, pyspark; print(os.path.dirname(pyspark.__file__))') \
+	  && [ -n "$$home" ] || { echo "error: PySpark not found in $(VENV)"; exit 1; }; \
+	{ echo '# Written by make venv: this venv'"'"'s Spark and Python, with or without activation'; \
+	  echo "export SPARK_HOME=\"$$home\""; \
+	  echo 'if [ -z "$${PYSPARK_PYTHON}" ]; then export PYSPARK_PYTHON="$(abspath $(BIN)/python)"; fi'; \
+	} > $(BIN)/find-spark-home
 	@touch $@
 
 jars: $(SPARK_PROPS) $(JARS)/.class-archive ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore

@@ -43,6 +43,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from deltalake import DeltaTable
 
+from engine.core.errors import RetryableError
 from engine.lakehouse.checkpoints import CHECKPOINT_INTERVAL, checkpoint_interval
 from engine.lakehouse.delta_log import Txn, check_txn_kept
 from engine.lakehouse.storage import store_for
@@ -335,7 +336,8 @@ class LogAppender:
                 state = reloaded
                 continue
             state.version = version
-        raise RuntimeError(f"{self.path}: no free version after {COMMIT_ATTEMPTS} tries")
+        # contention, not a bug: the stage tries again (engine.run.failures)
+        raise RetryableError(f"{self.path}: no free version after {COMMIT_ATTEMPTS} tries")
 
     # ------------------------------------------------------------------ files
 

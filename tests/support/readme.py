@@ -16,6 +16,7 @@ or at the end; it must then exit 0 without a stack trace.
 from __future__ import annotations
 
 import ast
+import contextlib
 import os
 import queue
 import re
@@ -232,13 +233,23 @@ class Background:
             env={**env, "PYTHONUNBUFFERED": "1"},  # each line as a terminal shows it
         )  # fmt: skip
         deadline = time.monotonic() + BLOCK_TIMEOUT_S
-        while block.background_until not in self.printed():
-            assert self._process.poll() is None, (
-                f"{where}: the background block ended (exit {self._process.returncode}) before "
-                f"printing {block.background_until!r}\n{self.printed()[-4000:]}"
-            )
-            assert time.monotonic() < deadline, f"{where}: nothing printed in time"
-            time.sleep(0.2)
+        try:
+            while block.background_until not in self.printed():
+                assert self._process.poll() is None, (
+                    f"{where}: the background block ended (exit {self._process.returncode}) "
+                    f"before printing {block.background_until!r}\n{self.printed()[-4000:]}"
+                )
+                assert time.monotonic() < deadline, f"{where}: nothing printed in time"
+                time.sleep(0.2)
+        except BaseException:
+            self._kill()  # never left running (it would hold the lakehouse's lease)
+            raise
+
+    def _kill(self) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)
+        self._process.wait()
+        self._log.close()
 
     def printed(self) -> str:
         """What it printed so far (standard output and error)."""
@@ -250,12 +261,12 @@ class Background:
         if self._process.poll() is None:
             os.killpg(self._process.pid, signal.SIGINT)
         try:
-            code = self._process.wait(timeout=timeout)
+            code: int | None = self._process.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(self._process.pid, signal.SIGKILL)
-            self._process.wait()
             code = None
-        self._log.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self._process.pid, signal.SIGKILL)  # what it may have left behind
+        self._kill()
         printed = self.printed()
         assert code == 0, f"{self.where}: Ctrl-C ended it with exit {code}\n{printed[-4000:]}"
         assert "Traceback" not in printed, f"{self.where}: a stack trace\n{printed[-4000:]}"
