@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -188,6 +189,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     extra.setdefault("spark.sql.streaming.numRecentProgressUpdates", "2000")
     extra.setdefault("spark.ui.enabled", "false")
     extra.setdefault("spark.sql.shuffle.partitions", "2")
+    # a Python streaming source plans on the driver in a Python process of its own: this
+    # interpreter (else the python3 on PATH, which may lack pyarrow)
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     with tempfile.TemporaryDirectory() as lake:
         cfg = load_config(overrides={"lakehouse.path": lake, "sql.catalog": "memory"})
         spark = build_spark(cfg, extra)
