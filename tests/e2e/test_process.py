@@ -212,13 +212,13 @@ def test_kill_storm_every_message_once_never_early(
     landed: list[tuple[str, int, int, str]] = []  # point, delivered before, after, on disk
     stamp_killed = -1  # the stamping batch killed between schedule and quarantine
     for k, (point, nth) in enumerate(STORM):
-        # A wave before each start over three topics: levels 0-3 and timers up to 55 s (due
+        # A wave before each start over three topics: levels 0-3 and timers up to 22 s (due
         # while the engine runs as well as when it starts), each wave's first five ids sent
         # again (a producer's retries) and five of the previous wave's, and two bad rows.
         wave = [
             Message(f"t{i % 3}", f"{k}-{i}", delay_level=(i // 2) % 4)
             if i % 2
-            else Message(f"t{i % 3}", f"{k}-{i}", delay=f"{(i % 12) * 5}s")
+            else Message(f"t{i % 3}", f"{k}-{i}", delay=f"{(i % 12) * 2}s")
             for i in range(2_000 // len(STORM))
         ]
         sent = send_many(spark, cfg, wave)
