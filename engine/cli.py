@@ -917,7 +917,53 @@ def _dispatch(args: argparse.Namespace, raw: list[str]) -> int:
             return code
         if args.command != "send":  # it says so itself when it needs a Spark
             note_local_spark(cfg)
+    if args.command not in ("run", "send"):  # (those two start theirs themselves)
+        start_spark_held(cfg)
     return COMMANDS[args.command](args, cfg)
+
+
+def start_spark_held(cfg: EngineConfig) -> None:
+    """Start the command's Spark with Ctrl-C and SIGTERM held until its JVM is up.
+
+    PySpark starts the JVM, then waits for it to write its address into a folder; a Ctrl-C in
+    that wait removed the folder, and the JVM printed a Java stack trace and ran on, orphaned.
+    Held, a signal stops the command once the JVM answers: the JVM is stopped, one line says
+    so, and the exit code is 130. The commands then find this session (``build_spark``).
+
+    Raises:
+        KeyboardInterrupt: a Ctrl-C or SIGTERM came while the JVM started.
+
+    Example:
+        >>> start_spark_held(cfg)  # doctest: +SKIP
+    """
+    import signal
+
+    from pyspark.sql import SparkSession
+
+    from engine.lakehouse.session import build_spark
+
+    if SparkSession.getActiveSession() is not None:
+        return
+    held: list[int] = []
+
+    def hold(number: int, _frame: object) -> None:
+        held.append(number)
+
+    numbers = (signal.SIGINT, signal.SIGTERM)
+    previous = {number: signal.signal(number, hold) for number in numbers}
+    try:
+        spark = build_spark(cfg.with_overrides(register_tables=False))
+    except Exception:
+        if held:  # a SIGTERM to the process group stopped the JVM itself
+            raise KeyboardInterrupt from None
+        raise
+    finally:
+        for number, handler in previous.items():
+            if signal.getsignal(number) is hold:  # (PySpark puts its own SIGINT handler)
+                signal.signal(number, handler)
+    if held:
+        spark.stop()
+        raise KeyboardInterrupt
 
 
 def note_local_spark(cfg: EngineConfig) -> None:

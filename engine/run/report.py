@@ -99,6 +99,24 @@ class OneLineFormatter(logging.Formatter):
         return line
 
 
+def _not_py4j_call_noise(record: logging.LogRecord) -> bool:
+    """Drop py4j's "... while sending command." records from the console: a Ctrl-C in the
+    middle of a call to the JVM logs one or two of them before the program says it was
+    interrupted, and a call that really failed is reported by the error it raises. They
+    stay in the log file.
+
+    Example:
+        >>> noise = logging.LogRecord("root", 40, "/x/py4j/java_gateway.py", 1,
+        ...                           "KeyboardInterrupt while sending command.", None, None)
+        >>> _not_py4j_call_noise(noise)
+        False
+    """
+    return not (
+        record.pathname.replace("\\", "/").endswith("py4j/java_gateway.py")
+        and str(record.msg).endswith("while sending command.")
+    )
+
+
 class _Console(logging.StreamHandler):  # type: ignore[type-arg]
     """Writes to whatever ``sys.stderr`` is when a record comes (a test may swap it)."""
 
@@ -145,6 +163,7 @@ def setup_logging(prog: str, level: int = logging.WARNING) -> Path:
         pass
     console = _Console()
     console.setLevel(level)
+    console.addFilter(_not_py4j_call_noise)
     shown = "%(asctime)s %(levelname)s %(name)s: %(message)s"
     console.setFormatter(OneLineFormatter(shown, log_file if handlers else None))
     handlers.append(console)

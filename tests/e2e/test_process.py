@@ -318,3 +318,49 @@ def wait_any(procs: dict[str, Any], timeout: float) -> str:
         "one of the engines to exit",
     )
     return next(n for n, p in procs.items() if p.poll() is not None)
+
+
+def _java_child(pid: int) -> bool:
+    """Whether a JVM runs among ``pid``'s descendants."""
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            cmdline = (entry / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if int(fields[2]) == os.getpgid(pid) and b"java" in cmdline.split(b"\0")[0]:
+            return True
+    return False
+
+
+@pytest.mark.parametrize("sent", ["SIGINT", "SIGTERM"])
+def test_a_command_stopped_while_its_jvm_starts_says_one_line_and_leaves_no_jvm(
+    make_cfg: Any, tmp_path: Path, sent: str
+) -> None:
+    """Ctrl-C (or SIGTERM to the process group) the moment the command's JVM exists, before
+    it answers: PySpark used to remove the folder the JVM writes its address to, and the JVM
+    printed a Java stack trace and ran on, orphaned (a SIGTERM made it a bug, exit 70)."""
+    cfg = make_cfg()
+    log = tmp_path / "status.log"
+    command = [str(VENV_BIN / "delayq"), "status", "--local", *engine_args(cfg)]
+    proc = subprocess.Popen(
+        command, stdout=log.open("wb"), stderr=subprocess.STDOUT, cwd=REPO_ROOT,
+        start_new_session=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),  # as a terminal's
+    )  # fmt: skip
+    group = os.getpgid(proc.pid)
+    try:
+        wait_for(lambda: _java_child(proc.pid), 120, "the command's JVM")
+        os.killpg(group, getattr(signal, sent))
+        code = proc.wait(120)
+        output = log.read_text()
+        assert code == 130, output[-3000:]
+        assert output.strip().endswith("delayq: interrupted"), output[-3000:]
+        assert "\tat " not in output and "Exception in thread" not in output, output[-3000:]
+        wait_for(lambda: subprocess.run(["pgrep", "-g", str(group)]).returncode != 0, 30,
+                 "the JVM gone with the command")  # fmt: skip
+    finally:
+        if subprocess.run(["pgrep", "-g", str(group)], capture_output=True).returncode == 0:
+            os.killpg(group, signal.SIGKILL)
