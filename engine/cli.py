@@ -937,6 +937,7 @@ def start_spark_held(cfg: EngineConfig) -> None:
         >>> start_spark_held(cfg)  # doctest: +SKIP
     """
     import signal
+    import threading
 
     from pyspark.sql import SparkSession
 
@@ -944,6 +945,8 @@ def start_spark_held(cfg: EngineConfig) -> None:
 
     if SparkSession.getActiveSession() is not None:
         return
+    if threading.current_thread() is not threading.main_thread():
+        return  # signals reach the main thread only (and handlers are set there)
     held: list[int] = []
 
     def hold(number: int, _frame: object) -> None:
