@@ -175,11 +175,11 @@ bench-peers: setup ## RocketMQ 5.5 on the newest bench run's workloads, side by 
 
 check: lint typecheck imports ## ruff, mypy and the import contracts
 
-lint: venv
+lint: venv ## ruff check and ruff format --check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: venv
+typecheck: venv ## mypy (strict) over engine, schemas and jobs
 	$(BIN)/mypy
 
 imports: venv ## The layout's import contracts (pyproject.toml [tool.importlinter])
