@@ -34,7 +34,7 @@ S3_HOME   := .s3
 .PHONY: help setup venv jars kafka-jars kafka-up kafka-down s3-jars s3-up s3-down s3-status cluster-up cluster-down cluster-status ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports clean distclean
 
 help: ## Show this help
-	@grep -hE '^[a-zA-Z_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
+	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 setup: venv jars kafka-jars s3-jars ## Install the Python environment and fetch the JVM jars
 
