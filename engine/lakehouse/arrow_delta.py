@@ -242,7 +242,8 @@ class ArrowDelta:
                     interval = self._appender.checkpoint_interval
                 else:
                     version = self._append_delta_rs(rows, txn, metadata, file_rows)
-                    table = self._table or self._latest_table()
+                    # the handle _append_delta_rs committed with: no read of the log here
+                    table = self._table
                     config = table.metadata().configuration if table is not None else {}
                     interval = checkpoint_interval(config)
             if version % interval == 0:
