@@ -64,8 +64,7 @@ from engine.lakehouse.delta_log import (
 )
 from engine.lakehouse.fs import hadoop_path
 from engine.lakehouse.layout import layout
-from engine.lakehouse.offset_log import OffsetLog
-from engine.stamp.stamper import StampPlan
+from engine.stamp.query import newest_plan
 from engine.stamp.writer import highest_batch
 
 #: How much earlier than its commit a row's ``store_ts`` may be (taken before the write).
@@ -257,10 +256,9 @@ def prune_schedule(spark: SparkSession, cfg: EngineConfig, now: datetime) -> str
 def _stamping_behind(spark: SparkSession, cfg: EngineConfig, cutoff: datetime) -> str | None:
     """Why stamping may not have stamped every ``commitlog`` row sent before ``cutoff``."""
     lay = layout(cfg)
-    last, rows, _ = OffsetLog(lay.checkpoint("stamp") + "/batches").latest()
-    if last is None or not rows:
+    plan = newest_plan(lay)
+    if plan is None:
         return _NOT_STAMPED
-    plan = StampPlan.from_row(rows[0])
     started = _commit_time(spark, lay.commitlog, plan.start.version)
     # A row's store time is taken a moment before its commit: keep a margin.
     if started is not None and started >= cutoff + STORE_SLACK:
@@ -301,10 +299,10 @@ def vacuum_blocker(
             "versions: --vacuum-topics once none is stopped for longer than the retention"
         )
     if name == "commitlog":
-        last, rows, _ = OffsetLog(lay.checkpoint("stamp") + "/batches").latest()
-        if last is None or not rows:
+        plan = newest_plan(lay)
+        if plan is None:
             return None if latest_version(lay.commitlog) < 0 else _NOT_STAMPED
-        needed = StampPlan.from_row(rows[0]).start.version
+        needed = plan.start.version
         committed = _commit_time(spark, lay.commitlog, needed)
         if committed is not None and committed < cutoff:
             return (

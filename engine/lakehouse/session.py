@@ -200,6 +200,11 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
     for key, value in {**settings, **cfg.spark_conf, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
     spark = builder.getOrCreate()
+    if "PYSPARK_PYTHON" not in os.environ:
+        # Python data sources (the stamping query's commitlog source) run the interpreter
+        # their registration names, which PySpark takes from PYSPARK_PYTHON ("python3"
+        # without it): this one, as for every other Python worker above.
+        spark.sparkContext.pythonExec = sys.executable
     spark.sparkContext.setLogLevel(cfg.log_level.upper())
     if active is None and spark.conf.get("spark.sql.catalogImplementation") == "hive":
         _open_metastore(spark, cfg)

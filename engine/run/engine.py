@@ -1,10 +1,12 @@
 """Run the engine: the stamping and delivery stages, with progress and status.
 
-Both run in one Spark application, as driver threads:
+Both run in one Spark application:
 
-* ``delayq-stamp``: follows ``commitlog``'s Delta log and stamps each batch of new files
-  (:class:`~engine.stamp.stamper.Stamper`) into ``schedule`` / ``quarantine``, looking for
-  new commits every ``stamp.interval``;
+* ``delayq-stamp``: follows ``commitlog``'s Delta log and stamps each batch of new files into
+  ``schedule`` / ``quarantine``, looking for new commits every ``stamp.interval``: a driver
+  thread (:class:`~engine.stamp.stamper.Stamper`, ``stamp.mode = driver``), or a Structured
+  Streaming query of that name (:class:`~engine.stamp.query.StampQuery`,
+  ``stamp.mode = streaming``), which a thread of the same name starts and watches;
 * ``delayq-deliver``: one delivery round (:meth:`Delivery.run_round`) every
   ``delivery.poll_interval`` (at once when a round took longer), planned a little ahead of
   the clock (up to ``delivery.max_lead``: the topic files are written before the round's
@@ -50,6 +52,7 @@ from engine.lakehouse.layout import layout
 from engine.lakehouse.lease import Heartbeat, Lease
 from engine.lakehouse.tables import ensure_tables
 from engine.run.failures import is_transient
+from engine.stamp.query import StampQuery
 from engine.stamp.stamper import Stamper
 
 log = logging.getLogger("delayq")
@@ -138,7 +141,7 @@ class Engine:
         self.layout = layout(cfg)
         # The lease is about real time between processes: the system clock, always.
         self.lease = Lease(layout(cfg).root, SystemClock(), cfg.lease_timeout_ms)
-        self.stamper = Stamper(spark, cfg, self.layout, self.clock, fence=self.lease.check)
+        self.stamper = self._stamping(self.lease.check)
         self._sinks = sinks
         self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks, fence=self.lease.check)
         self.catalog = Catalog(spark, cfg)
@@ -203,6 +206,13 @@ class Engine:
         if keep and self._heartbeat is None and self.lease.held:
             self._heartbeat = Heartbeat(self.lease, self._fenced).start()
 
+    def _stamping(self, fence: Callable[[], None]) -> Stamper | StampQuery:
+        """The stamping stage ``stamp.mode`` names: a driver thread's batches, or the
+        Structured Streaming query ``delayq-stamp``."""
+        if self.cfg.stamp_mode == "streaming":
+            return StampQuery(self.spark, self.cfg, self.layout, self.clock, fence=fence)
+        return Stamper(self.spark, self.cfg, self.layout, self.clock, fence=fence)
+
     def _reload(self) -> None:
         fence = self.lease.check
         if self._round.acquire(timeout=STOP_WAIT_S):  # never mid-round (a stale loop's)
@@ -210,7 +220,7 @@ class Engine:
                 self.delivery.close()
             finally:
                 self._round.release()
-        self.stamper = Stamper(self.spark, self.cfg, self.layout, self.clock, fence=fence)
+        self.stamper = self._stamping(fence)
         self.delivery = Delivery(
             self.spark, self.cfg, self.layout, self.clock, self._sinks, fence=fence
         )
@@ -293,12 +303,16 @@ class Engine:
     # ----------------------------------------------------------------- background
 
     def _stamping_loop(self) -> None:
+        stamper = self.stamper
+        if isinstance(stamper, StampQuery):
+            self._stamping_query(stamper)
+            return
         interval = self.cfg.stamp_interval_ms / 1000
         failing = 0
         try:
             while not self._stopping.is_set():
                 try:
-                    if self.stamper.run_batch() is not None:
+                    if stamper.run_batch() is not None:
                         failing = 0
                         continue  # more may be waiting: look again at once
                     failing = 0
@@ -318,18 +332,45 @@ class Engine:
             self._loop_error = err
             self._stop_renewing()
 
+    def _stamping_query(self, stamping: StampQuery) -> None:
+        """Run the ``delayq-stamp`` query until stopping; start it again after a failure
+        that can pass (its offsets log makes the rerun cover the same files)."""
+        failing = 0
+        try:
+            while not self._stopping.is_set():
+                query = stamping.start()
+                while query.isActive and not self._stopping.wait(0.1):
+                    if query.lastProgress is not None:
+                        stamping.stats.looks = max(stamping.stats.looks, 1)
+                if self._stopping.is_set():
+                    return
+                err = stamping.failure()
+                if err is None:
+                    raise StampError(f"the stamping query {STAMP_QUERY} stopped on its own")
+                if isinstance(err, DelayQError) and not isinstance(err, RetryableError):
+                    raise err
+                if not isinstance(err, DelayQError) and not is_transient(err):
+                    raise err  # a bug: the same every time, so stop now (reported as one)
+                failing = self._stamping_failed(err, failing)
+        except BaseException as err:  # terminal: run() (check_queries) reports it
+            log.error("the stamping stage stopped: %s", err, exc_info=err)
+            self._loop_error = err
+            self._stop_renewing()
+        finally:
+            stamping.stop()
+
     def _stop_renewing(self) -> None:
         """A stage died: let the lease run out, so that a standby may take over."""
         heartbeat = self._heartbeat
         if heartbeat is not None:
             heartbeat.stop()
 
-    def _stamping_failed(self, err: Exception, failing: int) -> int:
+    def _stamping_failed(self, err: BaseException, failing: int) -> int:
         failing += 1
         if failing >= MAX_FAILED_ROUNDS:
             last = f"{type(err).__name__}: {err}".splitlines()[0][:300]
             raise StampError(f"{failing} stamping batches failed in a row; last: {last}")
-        log.exception("stamping batch failed; retrying in %.0f s", ERROR_BACKOFF_S)
+        log.error("stamping batch failed; retrying in %.0f s", ERROR_BACKOFF_S, exc_info=err)
         self._stopping.wait(ERROR_BACKOFF_S)
         return failing
 
@@ -427,7 +468,7 @@ class Engine:
         """
         stop = stop or threading.Event()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not (self.stamper.stats.looks and self.stats.rounds):
+        while time.monotonic() < deadline and not (self.stamper.warm() and self.stats.rounds):
             self.check_queries()
             if stop.wait(0.2):
                 return

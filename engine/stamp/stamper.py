@@ -46,6 +46,11 @@ log = logging.getLogger(__name__)
 
 #: Plans kept in the stamping log (older ones are removed).
 KEEP_PLANS = 100
+#: The checkpoint folder (under ``<lakehouse>/_checkpoints``) of the streaming query that
+#: stamps instead with ``stamp.mode = streaming`` (:mod:`engine.stamp.query`), and the file
+#: in it that says where the query began.
+QUERY_CHECKPOINT = "stamp-query"
+QUERY_START_FILE = "delayq.json"
 
 
 @dataclass(frozen=True)
@@ -145,6 +150,11 @@ class Stamper:
         """Where the next batch starts in ``commitlog``."""
         return self._position
 
+    def warm(self) -> bool:
+        """Whether a first look at ``commitlog`` is done (the first batch of a fresh JVM
+        takes seconds)."""
+        return self.stats.looks > 0
+
     def has_state(self) -> bool:
         """Whether this lakehouse has been stamped before (a plan, or an earlier version's
         stream checkpoint)."""
@@ -156,10 +166,17 @@ class Stamper:
 
         Raises:
             CheckpointError: an earlier version's stream stopped inside a ``commitlog``
-                version (see :func:`spark_stream_plan`).
+                version (see :func:`spark_stream_plan`), or the streaming query stamps
+                this lakehouse (``stamp.mode = streaming``).
         """
         if self._opened:
             return self
+        query = f"{self.layout.checkpoint(QUERY_CHECKPOINT)}/{QUERY_START_FILE}"
+        if read_text(query) is not None:
+            raise CheckpointError(
+                f"{self.layout.root} is stamped by the streaming query delayq-stamp "
+                f"({query}): set stamp.mode=streaming to go on stamping it"
+            )
         plan = self._newest_plan()
         held = max(highest_batch(table) for table in self.writer.tables())
         if plan is not None and held > plan.batch:
@@ -259,6 +276,14 @@ class Stamper:
         self.stats.quarantined += result.quarantined
         self.stats.recent.append(result)
         return result
+
+    def finish(self) -> tuple[int, Position]:
+        """Run the interrupted batch, if any; returns the next batch and where it starts, for
+        the streaming query to go on from (:mod:`engine.stamp.query`)."""
+        self.open()
+        if self._replay is not None:
+            self.run_batch()
+        return self._next_batch, self._position
 
     def run_available(self) -> int:
         """Stamp everything committed to ``commitlog`` so far; returns how many rows.

@@ -12,6 +12,8 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 | ``topic-after``| a topic table was committed, the round's progress not yet            |
 | ``offset-temp``| the round's progress file is half written (its temporary file only) |
 | ``stamp-after``| a stamping batch reached ``schedule``, not yet ``quarantine``        |
+| ``query-planned``| the stamping query's batch is in Spark's offsets log, nothing written |
+| ``query-written``| the stamping query's batch is written, Spark's commit log not yet  |
 
 The crash points wrap the engine's classes from here, so production code has no hooks. The
 last line it prints says where it died (``SIGKILL at topic-staged round 7 table t1``; a
@@ -32,9 +34,19 @@ from typing import Any
 from engine.cli import main
 from engine.deliver.sinks import DeltaTopicSink
 from engine.lakehouse.offset_log import OffsetLog
+from engine.stamp.query import StampQuery
 from engine.stamp.writer import StampWriter
 
-POINTS = ("plan", "topic-staged", "topic-before", "topic-after", "offset-temp", "stamp-after")
+POINTS = (
+    "plan",
+    "topic-staged",
+    "topic-before",
+    "topic-after",
+    "offset-temp",
+    "stamp-after",
+    "query-planned",
+    "query-written",
+)
 
 
 def die(point: str, **where: object) -> None:
@@ -97,6 +109,18 @@ def arm(point: str, nth: int) -> None:
         if point == "stamp-after" and path == self.layout.schedule and writes:
             reached(batch=batch_id)
 
+    query_run = StampQuery._run
+
+    def run_query_batch(self: StampQuery, frame: Any, batch_id: int) -> None:
+        # (only batches with files: the first triggers of a query may plan none)
+        files = self.source.between(*self._range(batch_id))
+        if point == "query-planned" and files:
+            reached(batch=batch_id)
+        query_run(self, frame, batch_id)
+        if point == "query-written" and files:
+            reached(batch=batch_id)
+
+    StampQuery._run = run_query_batch  # type: ignore[method-assign]
     DeltaTopicSink.stage = stage_topic  # type: ignore[method-assign]
     OffsetLog.write = write_offsets  # type: ignore[method-assign]
     StampWriter._append = append_stamped  # type: ignore[method-assign]

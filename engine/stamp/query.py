@@ -1,0 +1,419 @@
+"""The stamping stage as a Spark Structured Streaming query, ``delayq-stamp``
+(``stamp.mode = streaming``).
+
+The query reads ``commitlog`` through a Python streaming source of its own
+(:class:`CommitlogStream`, format ``delayq_commitlog``): an offset is a
+:class:`~engine.stamp.source.Position` (a ``commitlog`` version and the index of the next data
+file it added), planned on the driver from the Delta log exactly as the driver path plans its
+batches (``stamp.max_files_per_batch``, ``stamp.max_bytes_per_batch``), and written to
+Spark's offsets log before the batch runs. The batch's files are read on executors, a
+partition per group of files, as Arrow record batches.
+
+Its ``foreachBatch`` stamps the batch and appends it to ``schedule`` and ``quarantine``
+(:class:`~engine.stamp.writer.StampWriter`): each commit records the stamping batch as the
+``txn`` of ``delayq-stamp``, so a batch Spark runs again after a crash (its offsets written,
+its commit not) covers the same files and stores nothing twice.
+
+The query's checkpoint is ``<lakehouse>/_checkpoints/stamp-query``. Stamping batch numbers go
+on from where the driver path stopped: the first start takes the driver path's position and
+next batch (after running its interrupted batch, if any) and keeps them in the checkpoint's
+``delayq.json``; stamping batch = that first batch + Spark's batch id.
+
+Seen where Spark users look: ``spark.streams.active``, the UI's Structured Streaming tab and
+a ``StreamingQueryListener``'s progress events, with the query named ``delayq-stamp``.
+
+Example:
+    >>> stamping = StampQuery(spark, cfg, lay, clock).open()  # doctest: +SKIP
+    >>> stamping.run_available()  # doctest: +SKIP
+    3
+    >>> stamping.start(); stamping.stop()  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import re
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any, ClassVar
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.pandas.types import to_arrow_schema
+from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.streaming.query import StreamingQuery
+from pyspark.sql.types import StructType
+
+from engine.core.clock import Clock
+from engine.core.config import EngineConfig
+from engine.core.errors import CheckpointError
+from engine.lakehouse.arrow_delta import READ_OPTIONS
+from engine.lakehouse.fs import list_files, put_if_absent, read_text
+from engine.lakehouse.layout import Layout
+from engine.lakehouse.lease import unfenced
+from engine.lakehouse.offset_log import OffsetLog
+from engine.lakehouse.storage import register, settings_for
+from engine.lakehouse.store import S3Settings, split_s3
+from engine.stamp.source import CommitlogSource, Position
+from engine.stamp.stamper import QUERY_CHECKPOINT as CHECKPOINT
+from engine.stamp.stamper import QUERY_START_FILE as START_FILE
+from engine.stamp.stamper import BatchResult, Stamper, StampPlan, StampStats
+from engine.stamp.writer import StampWriter
+from schemas import COMMITLOG
+
+log = logging.getLogger(__name__)
+
+QUERY_NAME = "delayq-stamp"
+SOURCE_FORMAT = "delayq_commitlog"
+#: Files per partition: a batch of many small files is read by several tasks at once.
+FILES_PER_PARTITION = 64
+_CHECKPOINT_ERROR = re.compile(r"CheckpointError: (.+)")
+_ARROW_COMMITLOG = to_arrow_schema(COMMITLOG, timezone="UTC")
+
+
+class CommitlogStream(DataSource):
+    """``commitlog`` as a Spark streaming source; the options say where and from where.
+
+    Options: ``path`` (the table), ``start`` (the first offset, JSON of a position),
+    ``max_files`` and ``max_bytes`` (a batch's budget). An S3 lakehouse's settings travel
+    with the class (see :func:`commitlog_stream`), never in the options, which Spark shows.
+    """
+
+    #: The S3 settings of the lakehouse (``S3Settings`` fields), set by
+    #: :func:`commitlog_stream` on a class made for one query.
+    s3: ClassVar[dict[str, Any] | None] = None
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_FORMAT
+
+    def schema(self) -> StructType:
+        return COMMITLOG
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return CommitlogReader(dict(self.options), self.s3)
+
+
+def commitlog_stream(path: str) -> type[CommitlogStream]:
+    """The source class for the ``commitlog`` at ``path``, carrying its S3 settings if any.
+
+    Example:
+        >>> commitlog_stream("/lake/commitlog").name()
+        'delayq_commitlog'
+    """
+    if split_s3(path) is None:
+        return CommitlogStream
+    settings = dataclasses.asdict(settings_for(path))
+    return type("CommitlogStreamS3", (CommitlogStream,), {"s3": settings})
+
+
+def _position(offset: dict[str, int]) -> Position:
+    return Position(int(offset["version"]), int(offset["index"]))
+
+
+def _offset(position: Position) -> dict[str, int]:
+    return {"version": position.version, "index": position.index}
+
+
+class CommitlogReader(DataSourceStreamReader):
+    """Plans batches from ``commitlog``'s Delta log (on the driver) and reads their files (on
+    executors); see :class:`CommitlogStream`."""
+
+    def __init__(self, options: dict[str, str], s3: dict[str, Any] | None) -> None:
+        self.path = options["path"]
+        self.start = json.loads(options["start"])
+        self.max_files = int(options["max_files"])
+        self.max_bytes = int(options["max_bytes"])
+        self.s3 = s3
+        self._source: CommitlogSource | None = None
+
+    def _commitlog(self) -> CommitlogSource:
+        if self._source is None:
+            _reach(self.path, self.s3)
+            self._source = CommitlogSource(self.path)
+        return self._source
+
+    def initialOffset(self) -> dict[str, int]:
+        return dict(self.start)
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        _, end = self._commitlog().changes(_position(start), self.max_files, self.max_bytes)
+        return _offset(end)
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        files = self._commitlog().between(_position(start), _position(end))
+        paths = [f.path for f in files]
+        return [
+            InputPartition((paths[i : i + FILES_PER_PARTITION], self.s3))
+            for i in range(0, len(paths), FILES_PER_PARTITION)
+        ]
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        paths, s3 = partition.value
+        yield from read_files(paths, s3)
+
+    def commit(self, end: dict[str, int]) -> None:
+        return None
+
+
+def _reach(path: str, s3: dict[str, Any] | None) -> None:
+    """Register an S3 lakehouse's settings in this (Python worker) process."""
+    found = split_s3(path)
+    if found is not None and s3 is not None:
+        register(f"s3a://{found[0]}", S3Settings(**s3))
+
+
+def read_files(paths: Sequence[str], s3: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
+    """The rows of ``commitlog`` data files as record batches in the ``commitlog`` columns
+    (columns a file lacks are null): what a task of the stamping query reads.
+
+    Example:
+        >>> batches = read_files(["/lake/commitlog/part-0.parquet"])
+        >>> sum(b.num_rows for b in batches)  # doctest: +SKIP
+        1000
+    """
+    if not paths:
+        return
+    from engine.lakehouse.storage import store_for
+
+    _reach(paths[0], s3)
+    store = store_for(paths[0])
+    dataset = ds.dataset(
+        [store.arrow_path(p) for p in paths],
+        schema=_ARROW_COMMITLOG,
+        format=ds.ParquetFileFormat(read_options=READ_OPTIONS),
+        filesystem=store.filesystem,
+    )
+    yield from dataset.to_batches()
+
+
+def _planned(checkpoint: str, batch_id: int) -> Position:
+    """The end offset of Spark's batch ``batch_id`` (the source's line of its offsets file).
+
+    Raises:
+        CheckpointError: the file is missing or holds no offset of this source.
+    """
+    text = read_text(f"{checkpoint}/offsets/{batch_id}")
+    lines = (text or "").splitlines()
+    if len(lines) < 3:
+        raise CheckpointError(f"{checkpoint}/offsets/{batch_id}: no offset of {SOURCE_FORMAT}")
+    return _position(json.loads(lines[-1]))
+
+
+def newest_plan(layout: Layout) -> StampPlan | None:
+    """The newest stamping batch planned on this lakehouse, by the query (from Spark's offsets
+    log) or else by the driver path (``None``: none yet), for maintenance to know what
+    stamping has read.
+
+    Example:
+        >>> newest_plan(lay)  # doctest: +SKIP
+        StampPlan(batch=41, start=Position(version=40, index=0), end=...)
+    """
+    text = read_text(f"{layout.checkpoint(CHECKPOINT)}/{START_FILE}")
+    offsets = f"{layout.checkpoint(CHECKPOINT)}/offsets"
+    batches = sorted(int(n) for n in list_files(offsets) if n.isdigit()) if text else []
+    if text is None or not batches:
+        last, rows, _ = OffsetLog(layout.checkpoint("stamp") + "/batches").latest()
+        return StampPlan.from_row(rows[0]) if last is not None and rows else None
+    row = json.loads(text)
+    last = batches[-1]
+    start = (
+        _planned(layout.checkpoint(CHECKPOINT), last - 1) if last - 1 in batches else _position(row)
+    )
+    end = _planned(layout.checkpoint(CHECKPOINT), last)
+    return StampPlan(int(row["first_batch"]) + last, start, end)
+
+
+@dataclasses.dataclass(frozen=True)
+class QueryStart:
+    """Where the query began: Spark's batch 0 is stamping batch ``first_batch`` and starts at
+    ``start`` in ``commitlog``."""
+
+    first_batch: int
+    start: Position
+
+
+class StampQuery:
+    """The ``delayq-stamp`` streaming query over one lakehouse (see the module's description).
+
+    The constructor holds what it is given; :meth:`open` reads (or, the first time, fixes)
+    where the query starts.
+
+    Args:
+        spark: the engine's session.
+        cfg: levels, limits and the batch budget.
+        layout: the lakehouse.
+        clock: the stamping time of each batch.
+        fence: called before a batch writes; raises once this engine no longer holds the
+            lakehouse.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        cfg: EngineConfig,
+        layout: Layout,
+        clock: Clock,
+        fence: Callable[[], None] | None = None,
+    ) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.layout = layout
+        self.clock = clock
+        self.fence = fence or unfenced
+        self.checkpoint = layout.checkpoint(CHECKPOINT)
+        self.writer = StampWriter(cfg, layout, clock)
+        self.source = CommitlogSource(layout.commitlog)
+        self.stats = StampStats()
+        self.query: StreamingQuery | None = None
+        self.error: BaseException | None = None  # what the last failed batch raised
+        self._begin: QueryStart | None = None
+        self._lock = threading.Lock()
+
+    def has_state(self) -> bool:
+        """Whether this lakehouse has been stamped before (by this query or the driver path)."""
+        if read_text(f"{self.checkpoint}/{START_FILE}") is not None:
+            return True
+        return self._driver().has_state()
+
+    def _driver(self) -> Stamper:
+        return Stamper(self.spark, self.cfg, self.layout, self.clock, self.fence)
+
+    def open(self) -> StampQuery:
+        """Read where the query starts; the first time, finish the driver path's interrupted
+        batch and start after it. Returns ``self``."""
+        if self._begin is not None:
+            return self
+        text = read_text(f"{self.checkpoint}/{START_FILE}")
+        if text is None:
+            driver = self._driver().open()
+            begin = QueryStart(*driver.finish())
+            row = {"first_batch": begin.first_batch, **_offset(begin.start)}
+            put_if_absent(f"{self.checkpoint}/{START_FILE}", (json.dumps(row) + "\n").encode())
+            text = read_text(f"{self.checkpoint}/{START_FILE}") or ""
+        row = json.loads(text)
+        begin = QueryStart(int(row["first_batch"]), _position(row))
+        self._begin = begin
+        return self
+
+    def _stream(self) -> DataFrame:
+        assert self._begin is not None
+        self.spark.dataSource.register(commitlog_stream(self.layout.commitlog))
+        return (
+            self.spark.readStream.format(SOURCE_FORMAT)
+            .option("path", self.layout.commitlog)
+            .option("start", json.dumps(_offset(self._begin.start)))
+            .option("max_files", str(self.cfg.stamp_max_files))
+            .option("max_bytes", str(self.cfg.stamp_max_bytes))
+            .load()
+        )
+
+    def _run(self, frame: DataFrame, batch_id: int) -> None:
+        """``foreachBatch``: stamp Spark's batch ``batch_id`` (stamping batch first + it)."""
+        assert self._begin is not None
+        started = time.monotonic()
+        stamp_batch = self._begin.first_batch + batch_id
+        try:
+            self.fence()  # raises once another engine has taken the lakehouse over
+            files = self.source.between(*self._range(batch_id))
+            if sum(f.size for f in files) <= self.cfg.stamp_driver_bytes:
+                rows = self.source.read(files)  # small: no Spark job (see stamp.mode)
+            else:
+                rows = frame.toArrow()  # executors read the files
+            read = time.monotonic()
+            scheduled, quarantined = self.writer(rows, stamp_batch)
+        except BaseException as err:
+            self.error = err
+            raise
+        done = time.monotonic()
+        result = BatchResult(
+            stamp_batch, rows.num_rows, scheduled, quarantined, len(files), done - started,
+            read - started, done - read,
+        )  # fmt: skip
+        stats = self.stats
+        stats.batches += 1
+        stats.rows += rows.num_rows
+        stats.scheduled += scheduled
+        stats.quarantined += quarantined
+        stats.recent.append(result)
+
+    def _range(self, batch_id: int) -> tuple[Position, Position]:
+        """Where Spark's batch ``batch_id`` starts and ends in ``commitlog``, from the query's
+        offsets log (written before the batch runs)."""
+        assert self._begin is not None
+        end = _planned(self.checkpoint, batch_id)
+        start = self._begin.start if batch_id == 0 else _planned(self.checkpoint, batch_id - 1)
+        return start, end
+
+    def start(self) -> StreamingQuery:
+        """Start the query in the background, a trigger every ``stamp.interval``.
+
+        Example:
+            >>> query = stamping.start(); query.name  # doctest: +SKIP
+            'delayq-stamp'
+        """
+        return self._start(available_now=False)
+
+    def _start(self, available_now: bool) -> StreamingQuery:
+        self.open()
+        with self._lock:
+            if self.query is not None and self.query.isActive:
+                raise RuntimeError(f"{QUERY_NAME} is running")
+            self.error = None
+            writer = (
+                self._stream()
+                .writeStream.queryName(QUERY_NAME)
+                .option("checkpointLocation", self.checkpoint)
+                .foreachBatch(self._run)
+            )
+            if available_now:
+                writer = writer.trigger(availableNow=True)
+            else:
+                writer = writer.trigger(processingTime=f"{self.cfg.stamp_interval_ms} milliseconds")
+            self.query = writer.start()
+            return self.query
+
+    def run_available(self) -> int:
+        """Stamp everything committed to ``commitlog`` so far (an ``availableNow`` run of the
+        query); returns how many rows.
+
+        Example:
+            >>> stamping.run_available()  # doctest: +SKIP
+            3
+        """
+        before = self.stats.rows
+        query = self._start(available_now=True)
+        query.awaitTermination()
+        self.stats.looks += 1
+        return self.stats.rows - before
+
+    def warm(self) -> bool:
+        """Whether the query has finished a first trigger (or a run of what was available)."""
+        query = self.query
+        return self.stats.looks > 0 or (query is not None and query.lastProgress is not None)
+
+    def failure(self) -> BaseException | None:
+        """Why the query stopped, if it stopped with an error (the batch's own exception
+        when a batch raised it), else ``None``."""
+        query = self.query
+        if query is None or query.isActive:
+            return None
+        spark_error = query.exception()
+        if spark_error is None:
+            return None
+        if self.error is not None:
+            return self.error
+        # Planning runs in Spark's Python worker: its refusal comes back as text.
+        found = _CHECKPOINT_ERROR.search(str(spark_error))
+        return CheckpointError(found.group(1)) if found else spark_error
+
+    def stop(self) -> None:
+        """Stop the query; a batch in progress is run again at the next start."""
+        with self._lock:
+            if self.query is not None:
+                self.query.stop()

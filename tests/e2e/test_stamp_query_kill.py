@@ -1,0 +1,97 @@
+"""The stamping query (``stamp.mode = streaming``) killed with SIGKILL in the middle of a
+micro-batch, on both sides of its writes, then run to the end: every message once, never
+early."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+
+from engine.lakehouse.arrow_delta import ArrowDelta
+from engine.lakehouse.layout import layout
+from engine.produce.send import Message, send_many
+from engine.stamp.writer import highest_batch
+from tests.support.crash_points import said
+from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
+from tests.support.process import VENV_BIN, engine_args, start
+
+pytestmark = pytest.mark.integration
+
+
+def _wave(spark: SparkSession, cfg: Any, k: int, earlier: list[str]) -> tuple[list[str], int]:
+    """Levels 0-3 and timers up to 6 s, and five earlier ids sent again (a producer's retries);
+    returns the new ids and how many retries."""
+    wave = [
+        Message(f"t{i % 2}", f"{k}-{i}", delay_level=i % 4)
+        if i % 2
+        else Message(f"t{i % 2}", f"{k}-{i}", delay=f"{i % 7}s")
+        for i in range(60)
+    ]
+    sent = send_many(spark, cfg, wave)
+    again = earlier[-5:]
+    if again:
+        send_many(spark, cfg, [Message("t0", "retry", msg_id=m) for m in again])
+    return sent, len(again)
+
+
+def _run(args: list[str], log: Path, timeout: float = 240) -> int:
+    proc = start(args, log)
+    try:
+        return int(proc.wait(timeout))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
+def test_the_stamping_query_killed_either_side_of_its_writes_stores_and_delivers_once(
+    spark: SparkSession, make_cfg: Any, tmp_path: Path
+) -> None:
+    """A lakehouse stamped by the driver path, then by the query: killed with a batch in
+    Spark's offsets log and nothing written (the replay writes it), then with the batch
+    written and Spark's commit log behind (the replay writes nothing twice)."""
+    cfg = make_cfg()
+    lay = layout(cfg)
+    driver = [*engine_args(cfg, "--show", "0"), "--until-idle", "--max-seconds", "90"]
+    streaming = [*driver, "--set", "stamp.mode=streaming"]
+    checkpoint = Path(lay.checkpoint("stamp-query"))
+    delayq = str(VENV_BIN / "delayq")
+    killing = [sys.executable, "-m", "tests.support.killing_engine"]
+
+    ids, resent = _wave(spark, cfg, 0, [])
+    assert _run([delayq, "run", *driver], tmp_path / "driver.log") == 0
+    by_driver = highest_batch(ArrowDelta(lay.schedule))
+
+    for k, point in enumerate(("query-planned", "query-written"), start=1):
+        sent, again = _wave(spark, cfg, k, ids)
+        ids, resent = ids + sent, resent + again
+        held = highest_batch(ArrowDelta(lay.schedule))
+        log = tmp_path / f"{point}.log"
+        code = _run([*killing, point, "1", *streaming], log)
+        output = log.read_text()
+        assert code == -signal.SIGKILL, output[-3000:]
+        said_point, where = said(output)
+        assert said_point == point, output[-3000:]
+        batch = int(where["batch"])  # Spark's batch id
+        first = json.loads((checkpoint / "delayq.json").read_text())["first_batch"]
+        assert first == by_driver + 1  # the query's batches go on from the driver path's
+        assert (checkpoint / "offsets" / str(batch)).exists()
+        assert not (checkpoint / "commits" / str(batch)).exists()
+        stamped = highest_batch(ArrowDelta(lay.schedule))
+        if point == "query-planned":
+            assert stamped == held  # planned by Spark, nothing written
+        else:
+            assert stamped == first + batch  # written, Spark's commit behind
+
+    final = tmp_path / "final.log"
+    assert _run([delayq, "run", *streaming], final) == 0, final.read_text()[-3000:]
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
+    quarantine = spark.read.format("delta").load(lay.quarantine)
+    reasons = [r["reason"] for r in quarantine.select("reason").collect()]
+    assert sum(r.startswith("duplicate: ") for r in reasons) == resent  # each retry, once

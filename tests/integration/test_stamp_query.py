@@ -1,0 +1,161 @@
+"""Stamping as the Structured Streaming query ``delayq-stamp`` (``stamp.mode = streaming``)."""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pyspark.sql import SparkSession
+from pyspark.sql.streaming import StreamingQueryListener
+
+from engine.core.clock import FakeClock, SystemClock
+from engine.core.config import EngineConfig
+from engine.core.errors import CheckpointError
+from engine.lakehouse.arrow_delta import ArrowDelta
+from engine.lakehouse.layout import layout
+from engine.lakehouse.tables import ensure_tables
+from engine.produce.send import Message, send_many
+from engine.run.engine import Engine
+from engine.stamp.query import QUERY_NAME, StampQuery, newest_plan
+from engine.stamp.stamper import Stamper
+from engine.stamp.writer import highest_batch
+
+pytestmark = pytest.mark.integration
+
+
+def _stamped(spark: SparkSession, cfg: EngineConfig) -> list[tuple[str, int]]:
+    rows = spark.read.format("delta").load(layout(cfg).schedule)
+    return sorted((r["msg_id"], r["stamp_batch"]) for r in rows.collect())
+
+
+def _send(spark: SparkSession, cfg: EngineConfig, tag: str, n: int = 5) -> list[str]:
+    return send_many(spark, cfg, [Message("t", f"{tag}{i}", delay_level=1) for i in range(n)])
+
+
+def test_the_query_goes_on_from_the_driver_path_and_a_replayed_batch_stores_nothing_twice(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    """Spark's checkpoint one step behind the tables (killed after the writes, before Spark's
+    commit): the batch runs again, over the same files, and stores nothing twice. Its batch
+    numbers go on from the driver path's, which then refuses the lakehouse."""
+    cfg: EngineConfig = make_cfg()
+    lay, clock = layout(cfg), SystemClock()
+    ensure_tables(spark, cfg)
+    first = _send(spark, cfg, "a")
+    driver = Stamper(spark, cfg, lay, clock)
+    assert driver.run_available() == 5
+    driver_batch = highest_batch(ArrowDelta(lay.schedule))
+
+    stamping = StampQuery(spark, cfg, lay, clock)
+    second = _send(spark, cfg, "b")
+    assert stamping.run_available() == 5
+    third = _send(spark, cfg, "c")
+    assert stamping.run_available() == 5
+    rows = _stamped(spark, cfg)
+    assert sorted(m for m, _ in rows) == sorted(first + second + third)
+    query_batches = sorted({b for _, b in rows} - {driver_batch})
+    assert query_batches == [driver_batch + 1, driver_batch + 2]
+    plan = newest_plan(lay)
+    assert plan is not None and plan.batch == driver_batch + 2  # what maintenance reads
+
+    # Spark's commit of the last batch lost (the process died after the tables' commits)
+    commits = Path(lay.checkpoint("stamp-query")) / "commits"
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    for lost in (commits / str(last), commits / f".{last}.crc"):
+        lost.unlink(missing_ok=True)
+    restarted = StampQuery(spark, cfg, lay, clock)
+    assert restarted.run_available() == 5  # the batch ran again, over the same files
+    assert _stamped(spark, cfg) == rows  # ... and stored nothing twice
+    assert restarted.stats.recent[-1].batch == driver_batch + 2
+
+    with pytest.raises(CheckpointError, match=r"stamp\.mode=streaming"):
+        Stamper(spark, cfg, lay, clock).open()
+
+
+def test_executors_read_a_batch_and_stamp_it_as_the_driver_path_does(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    """With ``stamp.driver_batch_bytes = 0`` every batch is read by a Spark job (Spark's
+    progress counts its rows); the rows stamped are the driver path's, quarantine included."""
+    by_spark: EngineConfig = make_cfg(stamp_driver_bytes=0, max_body_bytes=4)
+    by_driver = dataclasses.replace(by_spark, lakehouse=by_spark.lakehouse + "-driver")
+    messages = [
+        Message("t", "ok", delay_level=2, msg_id="ok"),
+        Message("t", "late", delay="5s", msg_id="timer"),
+        Message("t", "ok", delay_level=9, msg_id="clamped"),
+    ]
+    sent = FakeClock(datetime.now(UTC))  # the same store times in both lakehouses
+    for cfg in (by_spark, by_driver):
+        ensure_tables(spark, cfg)
+        send_many(spark, cfg, messages, sent)
+        send_many(spark, cfg, [Message("t", "ok", msg_id="ok")], sent)  # a retry
+        spark.sql(
+            f"INSERT INTO delta.`{layout(cfg).commitlog}` (msg_id, topic, body, store_ts) "
+            "VALUES ('big', 't', X'0102030405', current_timestamp())"
+        )
+    stamping = StampQuery(spark, by_spark, layout(by_spark), SystemClock())
+    assert stamping.run_available() == 5
+    Stamper(spark, by_driver, layout(by_driver), SystemClock()).run_available()
+    assert stamping.query is not None
+    assert sum(p["numInputRows"] for p in stamping.query.recentProgress) == 5
+
+    def seen(cfg: EngineConfig, table: str, *columns: str) -> list[tuple[Any, ...]]:
+        frame = spark.read.format("delta").load(layout(cfg).table(table))
+        return sorted(tuple(r) for r in frame.select(*columns).collect())
+
+    columns = ("msg_id", "queue_id", "deliver_ts", "body")
+    assert seen(by_spark, "schedule", *columns) == seen(by_driver, "schedule", *columns)
+    assert len(seen(by_spark, "schedule", *columns)) == 3
+    refused = seen(by_spark, "quarantine", "msg_id", "reason")
+    assert refused == seen(by_driver, "quarantine", "msg_id", "reason")
+    assert [m for m, _ in refused] == ["big", "ok"]
+    assert refused[0][1] == "body is 5 bytes, over messages.max_body_bytes=4"
+    assert refused[1][1].startswith("duplicate: ")
+
+
+class _Heard(StreamingQueryListener):
+    def __init__(self) -> None:
+        self.progress: list[tuple[str, int]] = []
+
+    def onQueryStarted(self, event: Any) -> None:
+        return None
+
+    def onQueryProgress(self, event: Any) -> None:
+        self.progress.append((event.progress.name, event.progress.numInputRows))
+
+    def onQueryIdle(self, event: Any) -> None:
+        return None
+
+    def onQueryTerminated(self, event: Any) -> None:
+        return None
+
+
+def test_a_running_engine_stamps_through_a_named_query_a_listener_hears(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    cfg: EngineConfig = make_cfg(stamp_mode="streaming", stamp_driver_bytes=0)
+    heard = _Heard()
+    spark.streams.addListener(heard)
+    engine = Engine(spark, cfg, SystemClock(), out=lambda _line: None)
+    try:
+        engine.start()
+        engine.wait_until_warm(timeout_s=120)
+        assert QUERY_NAME in [q.name for q in spark.streams.active]
+        ids = _send(spark, cfg, "live", 20)
+        deadline = time.monotonic() + 60
+        while len(_stamped(spark, cfg)) < 20 and time.monotonic() < deadline:
+            engine.check_queries()
+            time.sleep(0.2)
+        assert sorted(m for m, _ in _stamped(spark, cfg)) == sorted(ids)
+        deadline = time.monotonic() + 30
+        while sum(n for name, n in heard.progress if name == QUERY_NAME) < 20:
+            assert time.monotonic() < deadline, heard.progress
+            time.sleep(0.2)
+    finally:
+        engine.stop()
+        spark.streams.removeListener(heard)
+    assert QUERY_NAME not in [q.name for q in spark.streams.active]
