@@ -303,8 +303,9 @@ class LogAppender:
         for _ in range(COMMIT_ATTEMPTS):
             version = state.version + 1
             body = self._commit(adds, rows.num_rows, txn, metadata, version)
-            # no fsync on a local disk: as delta-rs's and Spark's local commits
-            if self.store.create(self._entry(version), body, durable=False):
+            # Flushed to the device before it is linked, as its data files were: a commit
+            # reported (and a delivery round recorded after it) survives a power cut.
+            if self.store.create(self._entry(version), body, durable=True):
                 state.version = version
                 return True
             # Another writer took this version: the same txn means the rows are in; a new

@@ -235,7 +235,7 @@ class S3Store(Store):
                 return None
         return meta["e_tag"], meta["last_modified"], meta["size"]
 
-    def write_parquet(self, path: str, rows: pa.Table) -> int:
+    def write_parquet(self, path: str, rows: pa.Table, *, durable: bool = True) -> int:
         data = parquet_bytes(rows)
         self.write(path, data)
         return len(data)

@@ -170,9 +170,10 @@ class Store(ABC):
         """Something that changes whenever the file is written again (``None``: no file)."""
 
     @abstractmethod
-    def write_parquet(self, path: str, rows: pa.Table) -> int:
+    def write_parquet(self, path: str, rows: pa.Table, *, durable: bool = True) -> int:
         """Write ``rows`` as one Snappy Parquet file (not in any table until committed);
-        its size in bytes."""
+        its size in bytes. ``durable``: on a local disk, flush it to the device before
+        returning, so that a commit naming it never outlives its bytes (a power cut)."""
 
     @property
     @abstractmethod
@@ -266,11 +267,11 @@ class LocalStore(Store):
             return None
         return found.st_ino, found.st_mtime_ns, found.st_ctime_ns, found.st_size
 
-    def write_parquet(self, path: str, rows: pa.Table) -> int:
+    def write_parquet(self, path: str, rows: pa.Table, *, durable: bool = True) -> int:
         # Encoded in memory, then written with one open: a delivery round writes a small
         # file per topic, and pyarrow's own file opening cost more than the encoding.
         data = parquet_bytes(rows)
-        _write_new(_local(path), data, exclusive=False, durable=False)
+        _write_new(_local(path), data, exclusive=False, durable=durable)
         return len(data)
 
     @property

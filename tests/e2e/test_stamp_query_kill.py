@@ -14,9 +14,12 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 
+from engine.core.clock import SystemClock
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import layout
+from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send_many
+from engine.stamp.stamper import Stamper
 from engine.stamp.writer import highest_batch
 from tests.support.crash_points import said
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
@@ -58,14 +61,15 @@ def test_the_stamping_query_killed_either_side_of_its_writes_stores_and_delivers
     written and Spark's commit log behind (the replay writes nothing twice)."""
     cfg = make_cfg()
     lay = layout(cfg)
-    driver = [*engine_args(cfg, "--show", "0"), "--until-idle", "--max-seconds", "90"]
-    streaming = [*driver, "--set", "stamp.mode=streaming"]
+    until = ["--until-idle", "--max-seconds", "90"]
+    streaming = [*engine_args(cfg, "--show", "0"), *until, "--set", "stamp.mode=streaming"]
     checkpoint = Path(lay.checkpoint("stamp-query"))
     delayq = str(VENV_BIN / "delayq")
     killing = [sys.executable, "-m", "tests.support.killing_engine"]
 
+    ensure_tables(spark, cfg)
     ids, resent = _wave(spark, cfg, 0, [])
-    assert _run([delayq, "run", *driver], tmp_path / "driver.log") == 0
+    assert Stamper(spark, cfg, lay, SystemClock()).run_available() == len(ids)  # driver path
     by_driver = highest_batch(ArrowDelta(lay.schedule))
 
     for k, point in enumerate(("query-planned", "query-written"), start=1):
