@@ -61,7 +61,7 @@ LONGEST_FILES = (
     "e2e/test_cluster.py",
     "e2e/test_sql.py",
     "integration/test_consumer.py",
-    "e2e/test_stamp_query_kill.py",
+    "e2e/test_streaming_kill.py",
     "integration/test_stamp.py",
     "integration/test_delivery.py",
     "integration/test_control.py",

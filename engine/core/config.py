@@ -242,8 +242,9 @@ SINKS = ("delta", "kafka", "both")
 SQL_CATALOGS = ("embedded", "spark", "memory")
 
 
-#: How stamping runs: driver threads, or the Structured Streaming query ``delayq-stamp``.
-STAMP_MODES = ("driver", "streaming")
+#: How a stage runs: a driver thread, or a Structured Streaming query (``delayq-stamp``,
+#: ``delayq-deliver``).
+STAGE_MODES = ("driver", "streaming")
 
 
 def _choice(*allowed: str) -> Callable[[str, object], str]:
@@ -293,13 +294,14 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "stamp.max_files_per_batch": ("stamp_max_files", _positive_int),
     "stamp.max_rows_per_file": ("stamp_file_rows", _positive_int),
     "stamp.max_bytes_per_batch": ("stamp_max_bytes", _positive_int),
-    "stamp.mode": ("stamp_mode", _choice(*STAMP_MODES)),
+    "stamp.mode": ("stamp_mode", _choice(*STAGE_MODES)),
     "stamp.driver_batch_bytes": ("stamp_driver_bytes", _whole_number),
     "delivery.poll_interval": ("poll_interval_ms", _duration),
     "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
     "delivery.progress_interval": ("progress_interval_ms", _duration),
     "delivery.topic_writers": ("topic_writers", _positive_int),
     "delivery.max_lead": ("max_lead_ms", _duration_or_off),
+    "delivery.mode": ("delivery_mode", _choice(*STAGE_MODES)),
     "lease.timeout": ("lease_timeout_ms", _duration),
     "lease.standby": ("lease_standby", _bool),
     "spark.master": ("spark_master", _text),
@@ -369,6 +371,9 @@ class EngineConfig:
             bytes is read on the driver instead of by a Spark job (about 120 ms less per
             batch here); 0: every batch is read by executors.
         poll_interval_ms: how often the delivery stage looks for due messages.
+        delivery_mode: ``driver`` (a driver thread runs the rounds) or ``streaming`` (the
+            Structured Streaming query ``delayq-deliver``: each trigger plans its watermark
+            into Spark's offsets log, and its ``foreachBatch`` runs the round up to it).
         checkpoint_flush_ms: longest time an idle delivery stage waits before
             recording progress (RocketMQ flushes delayOffset every 10 s; here a round
             that delivers anything always commits at once).
@@ -451,6 +456,7 @@ class EngineConfig:
     progress_interval_ms: int = 5_000
     topic_writers: int = 4
     max_lead_ms: int = 500
+    delivery_mode: str = "driver"
     lease_timeout_ms: int = 15_000
     lease_standby: bool = False
     spark_master: str = "local[2]"

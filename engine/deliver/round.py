@@ -243,7 +243,7 @@ class Delivery:
             except Exception as err:  # the other sinks, and the engine's stop, go on
                 log.warning("closing the sinks of a delivery checkpoint failed: %s", err)
 
-    def run_round(self, lead_ms: int = 0) -> RoundResult:
+    def run_round(self, lead_ms: int = 0, until: datetime | None = None) -> RoundResult:
         """Deliver what is due now; replays an interrupted round first.
 
         Args:
@@ -254,6 +254,8 @@ class Delivery:
                 it is due, instead of the scan's and the writes' as well. Never early: no
                 topic commit before the watermark. A round with commands to decide, or a
                 replay, is not planned ahead. Waits on the round's clock.
+            until: the highest watermark this round may take (the delivery query's batch
+                end, from Spark's offsets log); never below the last progress.
 
         Returns:
             What the round did. A round with nothing to deliver and nothing new writes
@@ -262,7 +264,7 @@ class Delivery:
         if not self._opened:
             self.open()  # never a round from the placeholder progress
         try:
-            return self._run_round(lead_ms)
+            return self._run_round(lead_ms, until)
         except BaseException:
             # A write may have landed even though the call failed (an object store's
             # rename): reload what is durable, so a round number is never used twice.
@@ -271,7 +273,7 @@ class Delivery:
             self._last_watermark = from_millis(0)  # its rows may not have been delivered
             raise
 
-    def _run_round(self, lead_ms: int) -> RoundResult:
+    def _run_round(self, lead_ms: int, until: datetime | None = None) -> RoundResult:
         started = time.monotonic()
         self._stages = {}
         self._lap = started
@@ -293,6 +295,9 @@ class Delivery:
         if lead_ms > 0 and not self.pending and not self._commands_to_decide(prev, plan):
             # (commands are decided against the watermark: a round with some is not ahead)
             plan = replace(plan, watermark=now + timedelta(milliseconds=lead_ms))
+        if until is not None and not self.pending and plan.watermark > until:
+            # (a window never goes back: its rows would be delivered again)
+            plan = replace(plan, watermark=max(until, prev.watermark))
         resolution = self._resolve_commands(prev, plan)
         self._time("plan")
         window = Window(prev.watermark, plan.watermark, prev.stamp_batch)

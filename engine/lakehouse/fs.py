@@ -101,3 +101,18 @@ def stream_query_id(checkpoint: str) -> str:
     if text is None:
         raise FileNotFoundError(f"{checkpoint}/metadata: the query has not started")
     return str(json.loads(text.splitlines()[0])["id"])
+
+
+def spark_offset(checkpoint: str, batch: int) -> dict[str, Any] | None:
+    """The offset a streaming query with one source planned for ``batch`` (the last line of
+    its offsets log entry, written before the batch runs); ``None`` when there is none.
+
+    Example:
+        >>> spark_offset("/lake/_checkpoints/stamp-query", 7)  # doctest: +SKIP
+        {'version': 12, 'index': 0}
+    """
+    lines = (read_text(f"{checkpoint}/offsets/{batch}") or "").splitlines()
+    if len(lines) < 3:  # "v1", the batch's metadata, then one line per source
+        return None
+    found: dict[str, Any] = json.loads(lines[-1])
+    return found

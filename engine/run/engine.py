@@ -8,7 +8,9 @@ Both run in one Spark application:
   Streaming query of that name (:class:`~engine.stamp.query.StampQuery`,
   ``stamp.mode = streaming``), which a thread of the same name starts and watches;
 * ``delayq-deliver``: one delivery round (:meth:`Delivery.run_round`) every
-  ``delivery.poll_interval`` (at once when a round took longer), planned a little ahead of
+  ``delivery.poll_interval`` (a driver thread, or with ``delivery.mode = streaming`` the
+  Structured Streaming query of that name, :class:`~engine.deliver.query.DeliverQuery`;
+  at once when a round took longer), planned a little ahead of
   the clock (up to ``delivery.max_lead``: the topic files are written before the round's
   watermark, and committed once it is reached); after each round the engine
   names new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.Catalog`).
@@ -28,9 +30,11 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from pyspark.sql import SparkSession
+from pyspark.sql.streaming.query import StreamingQuery
 
 from engine.control.status import Status, read_status
 from engine.core.clock import Clock, SystemClock
@@ -43,6 +47,7 @@ from engine.core.errors import (
     StampError,
 )
 from engine.deliver.lateness import Lateness
+from engine.deliver.query import DeliverQuery
 from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
@@ -145,6 +150,9 @@ class Engine:
         self._sinks = sinks
         self.delivery = Delivery(spark, cfg, self.layout, self.clock, sinks, fence=self.lease.check)
         self.catalog = Catalog(spark, cfg)
+        self.deliver_query = DeliverQuery(
+            spark, cfg, self.layout, self._deliver_until, self._watermark
+        )
         self.stats = DeliveryStats()
         self._listeners: list[RoundListener] = []
         self._loop: threading.Thread | None = None
@@ -272,8 +280,18 @@ class Engine:
         if self._heartbeat is None:
             self.lease.renew()
 
-    def _deliver(self, ahead: bool = False) -> RoundResult:
-        result = self.delivery.run_round(self.delivery.lead_ms() if ahead else 0)
+    def _watermark(self) -> datetime:
+        """The watermark delivery has reached (a pending round's, if one waits)."""
+        return (self.delivery.pending or self.delivery.progress).watermark
+
+    def _deliver_until(self, until: datetime) -> None:
+        """One round of the delivery query's batch, capped at its watermark."""
+        with self._round:
+            if not self._stopping.is_set():
+                self._deliver(ahead=True, until=until)
+
+    def _deliver(self, ahead: bool = False, until: datetime | None = None) -> RoundResult:
+        result = self.delivery.run_round(self.delivery.lead_ms() if ahead else 0, until)
         # Outside the round's exactly-once section: name the tables it made.
         delta = [t for t in result.per_topic if self.cfg.sink(t) != "kafka"]
         self.catalog.after_round(delta, result.committed)
@@ -333,31 +351,61 @@ class Engine:
             self._stop_renewing()
 
     def _stamping_query(self, stamping: StampQuery) -> None:
-        """Run the ``delayq-stamp`` query until stopping; start it again after a failure
-        that can pass (its offsets log makes the rerun cover the same files)."""
+        """Run the ``delayq-stamp`` query until stopping (see :meth:`_supervise`)."""
         failing = 0
+        batches = 0
+
+        def watch(query: StreamingQuery) -> None:
+            nonlocal failing, batches
+            if query.lastProgress is not None:
+                stamping.stats.looks = max(stamping.stats.looks, 1)
+            if stamping.stats.batches > batches:
+                batches, failing = stamping.stats.batches, 0
+
+        def failed(err: BaseException) -> None:
+            nonlocal failing
+            failing = self._stamping_failed(err, failing)
+
+        self._supervise(stamping.start, stamping.failure, stamping.stop, failed, watch)
+
+    def _delivery_query(self) -> None:
+        """Run the ``delayq-deliver`` query until stopping (see :meth:`_supervise`)."""
+        query = self.deliver_query
+        self._supervise(query.start, query.failure, query.stop, self._retry_later)
+
+    def _supervise(
+        self,
+        start: Callable[[], StreamingQuery],
+        failure: Callable[[], BaseException | None],
+        stop: Callable[[], None],
+        failed: Callable[[BaseException], None],
+        watch: Callable[[StreamingQuery], None] | None = None,
+    ) -> None:
+        """Run a stage's streaming query until the engine stops; after a failure that can
+        pass, ``failed`` waits (or gives up, raising) and the query starts again: its
+        offsets log makes the rerun of its last batch cover the same range. Any other
+        failure ends the stage, and :meth:`check_queries` reports it."""
         try:
             while not self._stopping.is_set():
-                query = stamping.start()
+                query = start()
                 while query.isActive and not self._stopping.wait(0.1):
-                    if query.lastProgress is not None:
-                        stamping.stats.looks = max(stamping.stats.looks, 1)
+                    if watch is not None:
+                        watch(query)
                 if self._stopping.is_set():
                     return
-                err = stamping.failure()
+                err = failure()
                 if err is None:
-                    raise StampError(f"the stamping query {STAMP_QUERY} stopped on its own")
-                if isinstance(err, DelayQError) and not isinstance(err, RetryableError):
-                    raise err
-                if not isinstance(err, DelayQError) and not is_transient(err):
-                    raise err  # a bug: the same every time, so stop now (reported as one)
-                failing = self._stamping_failed(err, failing)
+                    raise DelayQError(f"the streaming query {query.name} stopped on its own")
+                if not is_transient(err):
+                    raise err  # a mistake to fix, or a bug: the same every time
+                failed(err)
         except BaseException as err:  # terminal: run() (check_queries) reports it
-            log.error("the stamping stage stopped: %s", err, exc_info=err)
+            log.error("the %s stage stopped: %s", threading.current_thread().name, err,
+                      exc_info=err)  # fmt: skip
             self._loop_error = err
             self._stop_renewing()
         finally:
-            stamping.stop()
+            stop()
 
     def _stop_renewing(self) -> None:
         """A stage died: let the lease run out, so that a standby may take over."""
@@ -375,6 +423,9 @@ class Engine:
         return failing
 
     def _delivery_loop(self) -> None:
+        if self.cfg.delivery_mode == "streaming":
+            self._delivery_query()
+            return
         interval = self.cfg.poll_interval_ms / 1000
         try:
             while not self._stopping.is_set():
@@ -405,7 +456,7 @@ class Engine:
                 raise  # a bug: the same every time, so stop now (reported as one)
             self._retry_later(err)
 
-    def _retry_later(self, err: Exception) -> None:
+    def _retry_later(self, err: BaseException) -> None:
         self.stats.errors += 1
         self.stats.failing += 1
         self.stats.last_error = f"{type(err).__name__}: {err}".splitlines()[0][:300]

@@ -53,7 +53,7 @@ from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.lakehouse.arrow_delta import READ_OPTIONS
-from engine.lakehouse.fs import list_files, put_if_absent, read_text
+from engine.lakehouse.fs import list_files, put_if_absent, read_text, spark_offset
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.lease import unfenced
 from engine.lakehouse.offset_log import OffsetLog
@@ -198,11 +198,10 @@ def _planned(checkpoint: str, batch_id: int) -> Position:
     Raises:
         CheckpointError: the file is missing or holds no offset of this source.
     """
-    text = read_text(f"{checkpoint}/offsets/{batch_id}")
-    lines = (text or "").splitlines()
-    if len(lines) < 3:
+    offset = spark_offset(checkpoint, batch_id)
+    if offset is None:
         raise CheckpointError(f"{checkpoint}/offsets/{batch_id}: no offset of {SOURCE_FORMAT}")
-    return _position(json.loads(lines[-1]))
+    return _position(offset)
 
 
 def newest_plan(layout: Layout) -> StampPlan | None:

@@ -12,6 +12,8 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 | ``topic-after``| a topic table was committed, the round's progress not yet            |
 | ``offset-temp``| the round's progress file is half written (its temporary file only) |
 | ``stamp-after``| a stamping batch reached ``schedule``, not yet ``quarantine``        |
+| ``round-committed``| a round's progress is in the delayOffset log (with             |
+|                | ``delivery.mode = streaming``: not yet in Spark's commit log)        |
 | ``query-planned``| the stamping query's batch is in Spark's offsets log, nothing written |
 | ``query-written``| the stamping query's batch is written, Spark's commit log not yet  |
 
@@ -44,6 +46,7 @@ POINTS = (
     "topic-after",
     "offset-temp",
     "stamp-after",
+    "round-committed",
     "query-planned",
     "query-written",
 )
@@ -98,6 +101,8 @@ def arm(point: str, nth: int) -> None:
             die(point, round=round_)
         offset_write(self, round_, rows, planned, exclusive)
         if point == "plan" and planned:
+            reached(round=round_)
+        if point == "round-committed" and progress:
             reached(round=round_)
 
     stamp_append: Callable[..., None] = StampWriter._append

@@ -1,6 +1,6 @@
-"""The stamping query (``stamp.mode = streaming``) killed with SIGKILL in the middle of a
-micro-batch, on both sides of its writes, then run to the end: every message once, never
-early."""
+"""The stages as streaming queries (``stamp.mode`` and ``delivery.mode = streaming``) killed
+with SIGKILL in the middle of a micro-batch of each, with Spark's checkpoint and the stage's
+own record one step apart both ways, then run to the end: every message once, never early."""
 
 from __future__ import annotations
 
@@ -53,16 +53,19 @@ def _run(args: list[str], log: Path, timeout: float = 240) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
-def test_the_stamping_query_killed_either_side_of_its_writes_stores_and_delivers_once(
+def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
-    """A lakehouse stamped by the driver path, then by the query: killed with a batch in
-    Spark's offsets log and nothing written (the replay writes it), then with the batch
-    written and Spark's commit log behind (the replay writes nothing twice)."""
+    """A lakehouse stamped by the driver path, then by the queries. The stamping query is
+    killed with a batch in Spark's offsets log and nothing written (the replay writes it),
+    then with the batch written and Spark's commit log behind (the replay writes nothing
+    twice). The delivery query is killed with its round planned in the delayOffset log, then
+    with the round committed there; both times Spark's commit of the batch is missing."""
     cfg = make_cfg()
     lay = layout(cfg)
     until = ["--until-idle", "--max-seconds", "90"]
-    streaming = [*engine_args(cfg, "--show", "0"), *until, "--set", "stamp.mode=streaming"]
+    modes = ["--set", "stamp.mode=streaming", "--set", "delivery.mode=streaming"]
+    streaming = [*engine_args(cfg, "--show", "0"), *until, *modes]
     checkpoint = Path(lay.checkpoint("stamp-query"))
     delayq = str(VENV_BIN / "delayq")
     killing = [sys.executable, "-m", "tests.support.killing_engine"]
@@ -92,6 +95,24 @@ def test_the_stamping_query_killed_either_side_of_its_writes_stores_and_delivers
             assert stamped == held  # planned by Spark, nothing written
         else:
             assert stamped == first + batch  # written, Spark's commit behind
+
+    deliver_checkpoint = Path(lay.checkpoint("deliver-query"))
+    for k, point in enumerate(("plan", "round-committed"), start=3):
+        sent, again = _wave(spark, cfg, k, ids)
+        ids, resent = ids + sent, resent + again
+        log = tmp_path / f"{point}.log"
+        code = _run([*killing, point, "1", *streaming], log)
+        output = log.read_text()
+        assert code == -signal.SIGKILL, output[-3000:]
+        said_point, where = said(output)
+        assert said_point == point, output[-3000:]
+        offsets = [int(p.name) for p in (deliver_checkpoint / "offsets").iterdir()
+                   if p.name.isdigit()]  # fmt: skip
+        batch = max(offsets)  # the batch the round ran in: Spark's commit of it is not there
+        assert not (deliver_checkpoint / "commits" / str(batch)).exists()
+        delay_offset = Path(lay.delay_offset)
+        progress = (delay_offset / f"{int(where['round']):020d}.json").exists()
+        assert progress == (point == "round-committed")  # the round's own record
 
     final = tmp_path / "final.log"
     assert _run([delayq, "run", *streaming], final) == 0, final.read_text()[-3000:]

@@ -1,10 +1,11 @@
-"""Stamping as the Structured Streaming query ``delayq-stamp`` (``stamp.mode = streaming``)."""
+"""The stages as Structured Streaming queries: ``delayq-stamp`` (``stamp.mode = streaming``)
+and ``delayq-deliver`` (``delivery.mode = streaming``)."""
 
 from __future__ import annotations
 
 import dataclasses
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -19,10 +20,11 @@ from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send_many
-from engine.run.engine import Engine
+from engine.run.engine import DELIVER_QUERY, Engine
 from engine.stamp.query import QUERY_NAME, StampQuery, newest_plan
 from engine.stamp.stamper import Stamper
 from engine.stamp.writer import highest_batch
+from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 
 pytestmark = pytest.mark.integration
 
@@ -134,28 +136,66 @@ class _Heard(StreamingQueryListener):
         return None
 
 
-def test_a_running_engine_stamps_through_a_named_query_a_listener_hears(
+def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_hears(
     spark: SparkSession, make_cfg: Any
 ) -> None:
-    cfg: EngineConfig = make_cfg(stamp_mode="streaming", stamp_driver_bytes=0)
+    """Both stages as streaming queries on the real clock: every message once and never
+    early by the topic tables' Delta commit times (not the engine's own ``delivered_ts``)."""
+    cfg: EngineConfig = make_cfg(
+        stamp_mode="streaming", stamp_driver_bytes=0, delivery_mode="streaming"
+    )
     heard = _Heard()
     spark.streams.addListener(heard)
     engine = Engine(spark, cfg, SystemClock(), out=lambda _line: None)
     try:
         engine.start()
         engine.wait_until_warm(timeout_s=120)
-        assert QUERY_NAME in [q.name for q in spark.streams.active]
-        ids = _send(spark, cfg, "live", 20)
-        deadline = time.monotonic() + 60
-        while len(_stamped(spark, cfg)) < 20 and time.monotonic() < deadline:
+        names = [q.name for q in spark.streams.active]
+        assert QUERY_NAME in names and DELIVER_QUERY in names
+        ids = send_many(
+            spark,
+            cfg,
+            [Message("t", f"m{i}", delay=f"{i * 10}ms") for i in range(150)]
+            + [Message("u", f"l{i}", delay_level=1 + i % 3) for i in range(30)],
+        )
+        deadline = time.monotonic() + 90
+        while len(delivered_rows(spark, cfg)) < len(ids) and time.monotonic() < deadline:
             engine.check_queries()
-            time.sleep(0.2)
-        assert sorted(m for m, _ in _stamped(spark, cfg)) == sorted(ids)
+            time.sleep(0.3)
         deadline = time.monotonic() + 30
-        while sum(n for name, n in heard.progress if name == QUERY_NAME) < 20:
-            assert time.monotonic() < deadline, heard.progress
+        while sum(n for name, n in heard.progress if name == QUERY_NAME) < len(ids):
+            assert time.monotonic() < deadline, heard.progress[-5:]
             time.sleep(0.2)
+        assert any(name == DELIVER_QUERY for name, _ in heard.progress)
     finally:
         engine.stop()
         spark.streams.removeListener(heard)
-    assert QUERY_NAME not in [q.name for q in spark.streams.active]
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
+    active = [q.name for q in spark.streams.active]
+    assert QUERY_NAME not in active and DELIVER_QUERY not in active
+
+
+def test_a_delivery_batch_replayed_below_the_progress_never_takes_the_window_back(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    """Spark's commit of a delivery batch lost after its round committed: the batch runs
+    again with its older watermark. The round must not move progress back (the rows between
+    would be delivered again); rows stamped since, and due by then, still go out once."""
+    cfg: EngineConfig = make_cfg()
+    t0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    clock = FakeClock(t0)
+    engine = Engine(spark, cfg, clock, out=lambda _line: None)
+    due = [Message("t", f"a{i}", delay_level=1 + i % 3) for i in range(9)]
+    first = send_many(spark, cfg, due, clock)
+    clock.advance(5)
+    engine.step()
+    ahead = engine.delivery.progress.watermark
+    assert ahead == t0 + timedelta(seconds=5)
+    overdue = [Message("t", f"b{i}", deliver_at=t0 + timedelta(seconds=1)) for i in range(3)]
+    late = send_many(spark, cfg, overdue, clock)
+    engine.stamp_available()
+    replayed = engine.delivery.run_round(until=t0 + timedelta(seconds=2))  # the old batch
+    assert replayed.delivered == 3
+    assert engine.delivery.progress.watermark == ahead  # not back to the batch's
+    engine.step()
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), first + late)

@@ -1,0 +1,187 @@
+"""The delivery stage as a Spark Structured Streaming query, ``delayq-deliver``
+(``delivery.mode = streaming``).
+
+The query's source is the clock (:class:`ClockStream`, format ``delayq_clock``): an offset is a
+watermark in milliseconds, and each trigger plans the next one, the system clock plus
+``delivery.max_lead`` (at most 3/4 of ``delivery.poll_interval``), into Spark's offsets log
+before the batch runs. The batch covers (previous watermark, new watermark]: its
+``foreachBatch`` runs one delivery round capped at the batch's watermark
+(:meth:`~engine.deliver.round.Delivery.run_round` with ``until``). The round keeps its own
+exactly-once record, the delayOffset checkpoint: its plan before the first topic write, its
+progress after the last, and no topic commit before the clock reaches its watermark. A batch
+Spark runs again after a crash replays the round's plan, or finds it committed and delivers
+nothing twice; its watermark is never taken below the committed progress.
+
+The round is the driver path's (the rows are read and written as Arrow on the driver): this
+query is where Spark's scheduling and progress reporting come in. It triggers every
+``delivery.poll_interval``; the checkpoint is ``<lakehouse>/_checkpoints/deliver-query``.
+
+Example:
+    >>> deliver = DeliverQuery(spark, cfg, lay, run_round, start_at)  # doctest: +SKIP
+    >>> deliver.start().name  # doctest: +SKIP
+    'delayq-deliver'
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from datetime import datetime
+
+from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
+from pyspark.sql.streaming.datasource import ReadLimit
+from pyspark.sql.streaming.query import StreamingQuery
+
+from engine.core.clock import from_millis, to_millis
+from engine.core.config import EngineConfig
+from engine.core.errors import CheckpointError
+from engine.lakehouse.fs import spark_offset
+from engine.lakehouse.layout import Layout
+
+QUERY_NAME = "delayq-deliver"
+SOURCE_FORMAT = "delayq_clock"
+CHECKPOINT = "deliver-query"
+
+
+class ClockStream(DataSource):
+    """The clock as a Spark streaming source: offsets are watermarks in milliseconds.
+
+    Options: ``start`` (the first offset, ms), ``lead`` (how far ahead of the clock a batch is
+    planned, ms).
+    """
+
+    @classmethod
+    def name(cls) -> str:
+        return SOURCE_FORMAT
+
+    def schema(self) -> str:
+        return "watermark_ms long"
+
+    def streamReader(self, schema: object) -> DataSourceStreamReader:
+        return ClockReader(int(self.options["start"]), int(self.options["lead"]))
+
+
+class ClockReader(DataSourceStreamReader):
+    """Plans each batch's watermark from the clock (see :class:`ClockStream`); a batch holds
+    one row, its watermark."""
+
+    def __init__(self, start_ms: int, lead_ms: int) -> None:
+        self.start_ms = start_ms
+        self.lead_ms = lead_ms
+
+    def initialOffset(self) -> dict[str, int]:
+        return {"ms": self.start_ms}
+
+    def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
+        return {"ms": max(int(start["ms"]), int(time.time() * 1000) + self.lead_ms)}
+
+    def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
+        return [InputPartition(int(end["ms"]))]
+
+    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
+        yield (int(partition.value),)
+
+    def commit(self, end: dict[str, int]) -> None:
+        return None
+
+
+def batch_watermark(checkpoint: str, batch_id: int) -> datetime:
+    """The watermark Spark's offsets log holds for ``batch_id`` of the delivery query.
+
+    Raises:
+        CheckpointError: the batch has no offset (the checkpoint was tampered with).
+
+    Example:
+        >>> batch_watermark("/lake/_checkpoints/deliver-query", 41)  # doctest: +SKIP
+        datetime.datetime(2026, 11, 27, 20, 1, 2, 150000, tzinfo=datetime.timezone.utc)
+    """
+    offset = spark_offset(checkpoint, batch_id)
+    if offset is None:
+        raise CheckpointError(f"{checkpoint}/offsets/{batch_id}: no offset of {SOURCE_FORMAT}")
+    return from_millis(int(offset["ms"]))
+
+
+class DeliverQuery:
+    """The ``delayq-deliver`` streaming query (see the module's description).
+
+    Args:
+        spark: the engine's session.
+        cfg: the poll interval and the lead.
+        layout: the lakehouse (the query's checkpoint).
+        deliver: runs one round capped at the watermark it is given (the engine's, which
+            also names new tables and tells listeners).
+        start_at: the watermark the query starts from the first time (the committed
+            progress); later starts go on from Spark's checkpoint.
+    """
+
+    def __init__(
+        self,
+        spark: SparkSession,
+        cfg: EngineConfig,
+        layout: Layout,
+        deliver: Callable[[datetime], object],
+        start_at: Callable[[], datetime],
+    ) -> None:
+        self.spark = spark
+        self.cfg = cfg
+        self.checkpoint = layout.checkpoint(CHECKPOINT)
+        self.deliver = deliver
+        self.start_at = start_at
+        self.query: StreamingQuery | None = None
+        self.error: BaseException | None = None  # what the last failed batch raised
+        self._lock = threading.Lock()
+
+    def _run(self, frame: DataFrame, batch_id: int) -> None:
+        """``foreachBatch``: one delivery round capped at the batch's watermark."""
+        try:
+            self.deliver(batch_watermark(self.checkpoint, batch_id))
+        except BaseException as err:
+            self.error = err
+            raise
+
+    def start(self) -> StreamingQuery:
+        """Start the query in the background, a trigger every ``delivery.poll_interval``.
+
+        Example:
+            >>> deliver.start().name  # doctest: +SKIP
+            'delayq-deliver'
+        """
+        lead = min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4)
+        with self._lock:
+            if self.query is not None and self.query.isActive:
+                raise RuntimeError(f"{QUERY_NAME} is running")
+            self.error = None
+            self.spark.dataSource.register(ClockStream)
+            frame = (
+                self.spark.readStream.format(SOURCE_FORMAT)
+                .option("start", str(to_millis(self.start_at())))
+                .option("lead", str(max(0, lead)))
+                .load()
+            )
+            self.query = (
+                frame.writeStream.queryName(QUERY_NAME)
+                .option("checkpointLocation", self.checkpoint)
+                .foreachBatch(self._run)
+                .trigger(processingTime=f"{self.cfg.poll_interval_ms} milliseconds")
+                .start()
+            )
+            return self.query
+
+    def failure(self) -> BaseException | None:
+        """Why the query stopped, if it stopped with an error (the round's own exception when
+        a round raised it), else ``None``."""
+        query = self.query
+        if query is None or query.isActive:
+            return None
+        spark_error = query.exception()
+        if spark_error is None:
+            return None
+        return self.error or spark_error
+
+    def stop(self) -> None:
+        """Stop the query; a round in progress is replayed from its plan at the next start."""
+        with self._lock:
+            if self.query is not None:
+                self.query.stop()
