@@ -14,8 +14,8 @@ Both run in one Spark application:
   the clock (up to ``delivery.max_lead``: the topic files are written before the round's
   watermark, and committed once it is reached); after each round the engine
   names new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.Catalog`).
-  A round's exactly-once state is its own (the delayOffset checkpoint), so the loop needs
-  no streaming checkpoint: a plain thread saves a micro-batch's bookkeeping per round.
+  A round's exactly-once state is its own (the delayOffset checkpoint): the query's
+  offsets log only plans each round's watermark, and the thread needs neither.
 
 Example:
     >>> engine = Engine(spark, cfg).open()       # doctest: +SKIP
