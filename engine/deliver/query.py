@@ -39,6 +39,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.lakehouse.fs import spark_offset
 from engine.lakehouse.layout import Layout
+from engine.stamp.query import python_cause
 
 QUERY_NAME = "delayq-deliver"
 SOURCE_FORMAT = "delayq_clock"
@@ -178,7 +179,7 @@ class DeliverQuery:
         spark_error = query.exception()
         if spark_error is None:
             return None
-        return self.error or spark_error
+        return self.error or python_cause(spark_error)
 
     def stop(self) -> None:
         """Stop the query; a round in progress is replayed from its plan at the next start."""

@@ -357,8 +357,8 @@ class Engine:
 
         def watch(query: StreamingQuery) -> None:
             nonlocal failing, batches
-            if query.lastProgress is not None:
-                stamping.stats.looks = max(stamping.stats.looks, 1)
+            if not stamping.stats.looks and query.lastProgress is not None:
+                stamping.stats.looks = 1  # a first trigger done (asked until then only)
             if stamping.stats.batches > batches:
                 batches, failing = stamping.stats.batches, 0
 
@@ -387,15 +387,20 @@ class Engine:
         failure ends the stage, and :meth:`check_queries` reports it."""
         try:
             while not self._stopping.is_set():
-                query = start()
-                while query.isActive and not self._stopping.wait(0.1):
-                    if watch is not None:
-                        watch(query)
-                if self._stopping.is_set():
-                    return
-                err = failure()
-                if err is None:
-                    raise DelayQError(f"the streaming query {query.name} stopped on its own")
+                try:
+                    query = start()
+                    while query.isActive and not self._stopping.wait(0.1):
+                        if watch is not None:
+                            watch(query)
+                    if self._stopping.is_set():
+                        return
+                    err = failure()
+                    if err is None:
+                        raise DelayQError(f"the streaming query {query.name} stopped on its own")
+                except Exception as caught:  # starting or watching it failed
+                    if self._stopping.is_set():
+                        return
+                    err = caught
                 if not is_transient(err):
                     raise err  # a mistake to fix, or a bug: the same every time
                 failed(err)
@@ -405,7 +410,10 @@ class Engine:
             self._loop_error = err
             self._stop_renewing()
         finally:
-            stop()
+            try:
+                stop()
+            except Exception:  # the stage's own error (if any) is the one to report
+                log.warning("stopping a streaming query failed", exc_info=True)
 
     def _stop_renewing(self) -> None:
         """A stage died: let the lease run out, so that a standby may take over."""
@@ -464,7 +472,7 @@ class Engine:
             # The same failure for minutes is not transient: stop and say so.
             failed = f"{self.stats.failing} delivery rounds failed in a row"
             raise DeliveryError(f"{failed}; last: {self.stats.last_error}") from err
-        log.exception("delivery round failed; retrying in %.0f s", ERROR_BACKOFF_S)
+        log.error("delivery round failed; retrying in %.0f s", ERROR_BACKOFF_S, exc_info=err)
         self._stopping.wait(ERROR_BACKOFF_S)
 
     def start(self) -> None:

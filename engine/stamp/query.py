@@ -31,6 +31,7 @@ Example:
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import json
 import logging
@@ -53,16 +54,16 @@ from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.lakehouse.arrow_delta import READ_OPTIONS
-from engine.lakehouse.fs import list_files, put_if_absent, read_text, spark_offset
+from engine.lakehouse.fs import put_if_absent, read_text, spark_offset
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.lease import unfenced
 from engine.lakehouse.offset_log import OffsetLog
 from engine.lakehouse.storage import register, settings_for
 from engine.lakehouse.store import S3Settings, split_s3
 from engine.stamp.source import CommitlogSource, Position
+from engine.stamp.stamper import KEEP_PLANS, BatchResult, Stamper, StampPlan, StampStats
 from engine.stamp.stamper import QUERY_CHECKPOINT as CHECKPOINT
 from engine.stamp.stamper import QUERY_START_FILE as START_FILE
-from engine.stamp.stamper import BatchResult, Stamper, StampPlan, StampStats
 from engine.stamp.writer import StampWriter
 from schemas import COMMITLOG
 
@@ -73,6 +74,7 @@ SOURCE_FORMAT = "delayq_commitlog"
 #: Files per partition: a batch of many small files is read by several tasks at once.
 FILES_PER_PARTITION = 64
 _CHECKPOINT_ERROR = re.compile(r"CheckpointError: (.+)")
+_PYTHON_ERROR = re.compile(r"^(\w+): (.*)$", re.MULTILINE)
 _ARROW_COMMITLOG = to_arrow_schema(COMMITLOG, timezone="UTC")
 
 
@@ -204,28 +206,45 @@ def _planned(checkpoint: str, batch_id: int) -> Position:
     return _position(offset)
 
 
+def python_cause(err: BaseException) -> BaseException:
+    """What a failure of delayq's Python code in a Spark worker was, read from the traceback
+    Spark wraps it in (planning runs in a Python worker of the driver, reading in the
+    executors'): a :class:`CheckpointError` it raised, or a bug (Python's own errors, other
+    than ``OSError``'s) as a ``RuntimeError`` that stops the stage at once; else ``err``.
+
+    Example:
+        >>> python_cause(RuntimeError("Traceback ...\nKeyError: 'ms'"))
+        RuntimeError("a bug in a Spark worker's Python: KeyError: 'ms'")
+    """
+    text = str(err)
+    if "Traceback" not in text:
+        return err
+    found = _CHECKPOINT_ERROR.search(text)
+    if found:
+        return CheckpointError(found.group(1))
+    raised = [
+        (name, message)
+        for name, message in _PYTHON_ERROR.findall(text)
+        if isinstance(kind := getattr(builtins, name, None), type) and issubclass(kind, Exception)
+    ]
+    if raised:
+        name, message = raised[-1]  # the exception that ended the traceback
+        if not issubclass(getattr(builtins, name), OSError):
+            return RuntimeError(f"a bug in a Spark worker's Python: {name}: {message}")
+    return err
+
+
 def newest_plan(layout: Layout) -> StampPlan | None:
-    """The newest stamping batch planned on this lakehouse, by the query (from Spark's offsets
-    log) or else by the driver path (``None``: none yet), for maintenance to know what
-    stamping has read.
+    """The newest stamping batch planned on this lakehouse (``None``: none yet), by the driver
+    path or the query (which records each batch with files there too), for maintenance to
+    know what stamping has read.
 
     Example:
         >>> newest_plan(lay)  # doctest: +SKIP
         StampPlan(batch=41, start=Position(version=40, index=0), end=...)
     """
-    text = read_text(f"{layout.checkpoint(CHECKPOINT)}/{START_FILE}")
-    offsets = f"{layout.checkpoint(CHECKPOINT)}/offsets"
-    batches = sorted(int(n) for n in list_files(offsets) if n.isdigit()) if text else []
-    if text is None or not batches:
-        last, rows, _ = OffsetLog(layout.checkpoint("stamp") + "/batches").latest()
-        return StampPlan.from_row(rows[0]) if last is not None and rows else None
-    row = json.loads(text)
-    last = batches[-1]
-    start = (
-        _planned(layout.checkpoint(CHECKPOINT), last - 1) if last - 1 in batches else _position(row)
-    )
-    end = _planned(layout.checkpoint(CHECKPOINT), last)
-    return StampPlan(int(row["first_batch"]) + last, start, end)
+    last, rows, _ = OffsetLog(layout.checkpoint("stamp") + "/batches").latest()
+    return StampPlan.from_row(rows[0]) if last is not None and rows else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -268,6 +287,7 @@ class StampQuery:
         self.checkpoint = layout.checkpoint(CHECKPOINT)
         self.writer = StampWriter(cfg, layout, clock)
         self.source = CommitlogSource(layout.commitlog)
+        self.plans = OffsetLog(layout.checkpoint("stamp") + "/batches")
         self.stats = StampStats()
         self.query: StreamingQuery | None = None
         self.error: BaseException | None = None  # what the last failed batch raised
@@ -294,7 +314,9 @@ class StampQuery:
             begin = QueryStart(*driver.finish())
             row = {"first_batch": begin.first_batch, **_offset(begin.start)}
             put_if_absent(f"{self.checkpoint}/{START_FILE}", (json.dumps(row) + "\n").encode())
-            text = read_text(f"{self.checkpoint}/{START_FILE}") or ""
+            text = read_text(f"{self.checkpoint}/{START_FILE}")
+            if not text:
+                raise CheckpointError(f"{self.checkpoint}/{START_FILE} is missing or empty")
         row = json.loads(text)
         begin = QueryStart(int(row["first_batch"]), _position(row))
         self._begin = begin
@@ -319,7 +341,10 @@ class StampQuery:
         stamp_batch = self._begin.first_batch + batch_id
         try:
             self.fence()  # raises once another engine has taken the lakehouse over
-            files = self.source.between(*self._range(batch_id))
+            start, end = self._range(batch_id)
+            files = self.source.between(start, end)
+            if files:
+                self._claim(StampPlan(stamp_batch, start, end))
             if sum(f.size for f in files) <= self.cfg.stamp_driver_bytes:
                 rows = self.source.read(files)  # small: no Spark job (see stamp.mode)
             else:
@@ -340,6 +365,29 @@ class StampQuery:
         stats.scheduled += scheduled
         stats.quarantined += quarantined
         stats.recent.append(result)
+
+    def _claim(self, plan: StampPlan) -> None:
+        """Record the batch's files in the stamping log under its number, put-if-absent, as
+        the driver path plans: one range per stamping batch, whoever runs it.
+
+        Raises:
+            CheckpointError: the number already names other files (Spark's offsets log was
+                lost or rewritten since the batch first ran, or a driver-path engine fenced
+                since stamped it): writing would skip or repeat messages.
+        """
+        try:
+            self.plans.write(plan.batch, [plan.row()], exclusive=True)
+        except FileExistsError:
+            held = [StampPlan.from_row(r) for r in self.plans.read(plan.batch)]
+            if held != [plan]:
+                raise CheckpointError(
+                    f"stamping batch {plan.batch} covers {plan.start}..{plan.end} in "
+                    f"{CHECKPOINT}'s offsets log but {held} in the stamping log "
+                    f"{self.plans.path}: restore the query's checkpoint (stamping another "
+                    "range under this number would skip or repeat messages)"
+                ) from None
+        if plan.batch % KEEP_PLANS == 0 and plan.batch >= KEEP_PLANS:
+            self.plans.purge(plan.batch - KEEP_PLANS)
 
     def _range(self, batch_id: int) -> tuple[Position, Position]:
         """Where Spark's batch ``batch_id`` starts and ends in ``commitlog``, from the query's
@@ -386,10 +434,16 @@ class StampQuery:
             3
         """
         before = self.stats.rows
-        query = self._start(available_now=True)
-        query.awaitTermination()
-        self.stats.looks += 1
-        return self.stats.rows - before
+        while True:  # (Spark may run one batch per availableNow run of a Python source)
+            batches = self.stats.batches
+            query = self._start(available_now=True)
+            try:
+                query.awaitTermination()
+            except Exception as err:
+                raise python_cause(self.error or err) from err
+            self.stats.looks += 1
+            if self.stats.batches == batches:
+                return self.stats.rows - before
 
     def warm(self) -> bool:
         """Whether the query has finished a first trigger (or a run of what was available)."""
@@ -405,11 +459,7 @@ class StampQuery:
         spark_error = query.exception()
         if spark_error is None:
             return None
-        if self.error is not None:
-            return self.error
-        # Planning runs in Spark's Python worker: its refusal comes back as text.
-        found = _CHECKPOINT_ERROR.search(str(spark_error))
-        return CheckpointError(found.group(1)) if found else spark_error
+        return python_cause(self.error or spark_error)
 
     def stop(self) -> None:
         """Stop the query; a batch in progress is run again at the next start."""
