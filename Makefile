@@ -67,7 +67,7 @@ jars: $(SPARK_PROPS) $(JARS)/.class-archive ## Resolve Delta's and S3A's jars wi
 
 JVM_SRC := $(shell find build/jvm/src -name '*.java')
 
-$(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/jvm/pom.xml $(JVM_SRC) Makefile
+$(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/jvm/pom.xml $(JVM_SRC) Makefile $(VENV)/.installed
 	@command -v java >/dev/null || { echo "error: java not found: install a JDK 17 (apt-get install openjdk-17-jdk-headless)"; exit 1; }
 	@v=$$(java -version 2>&1 | awk -F'"' '/version/ {print $$2}' | cut -d. -f1); \
 	  [ "$${v:-0}" -ge 17 ] 2>/dev/null || { echo "error: Java $$v found, Spark 4 needs Java 17 or newer: install openjdk-17-jdk-headless"; exit 1; }
@@ -75,7 +75,8 @@ $(SPARK_PROPS): build/pom.xml build/s3a/pom.xml build/jvm/pom.xml $(JVM_SRC) Mak
 	@rm -rf $(JARS) && mkdir -p $(JARS)
 	mvn -q -B -f build/pom.xml dependency:copy-dependencies -DexcludeTransitive=true -DoutputDirectory=$(abspath $(JARS))
 	mvn -q -B -f build/s3a/pom.xml dependency:copy-dependencies -DincludeScope=runtime -DoutputDirectory=$(abspath $(JARS))
-	mvn -q -B -f build/jvm/pom.xml package -DbuildDir=$(abspath $(JARS))/jvm-build
+	mvn -q -B -f build/jvm/pom.xml package -DbuildDir=$(abspath $(JARS))/jvm-build \
+	  -DsparkJars=$(abspath $(VENV))/lib/python3.11/site-packages/pyspark/jars
 	@cp $(JARS)/jvm-build/delayq-jvm-*.jar $(JARS)/
 	@{ echo "# Written by 'make jars': pass to spark-submit with --properties-file"; \
 	   echo "spark.jars $$(ls $(abspath $(JARS))/*.jar | paste -sd, -)"; \

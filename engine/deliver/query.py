@@ -39,6 +39,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.lakehouse.fs import spark_offset
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.session import link_checkpoints
 from engine.stamp.query import python_cause
 
 QUERY_NAME = "delayq-deliver"
@@ -154,6 +155,7 @@ class DeliverQuery:
             if self.query is not None and self.query.isActive:
                 raise RuntimeError(f"{QUERY_NAME} is running")
             self.error = None
+            link_checkpoints(self.spark)
             self.spark.dataSource.register(ClockStream)
             frame = (
                 self.spark.readStream.format(SOURCE_FORMAT)

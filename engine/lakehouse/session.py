@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import sys
@@ -41,6 +42,8 @@ CLASS_ARCHIVE = "classes.jsa"
 USE_ARCHIVE = "-XX:SharedArchiveFile={archive} -Xlog:cds=off -Xlog:cds+dynamic=off"
 
 #: Settings every engine session needs, whatever the deployment.
+log = logging.getLogger(__name__)
+
 DELTA_CONF = {
     "spark.sql.extensions": "io.delta.sql.DeltaSparkSessionExtension",
     "spark.sql.catalog.spark_catalog": "org.apache.spark.sql.delta.catalog.DeltaCatalog",
@@ -212,6 +215,36 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
     if cfg.register_tables:
         register_all(spark, cfg)  # a reader's session start: name what exists
     return spark
+
+
+#: Spark's setting of the checkpoint file manager, and delayq's put-if-absent one (build/jvm).
+CHECKPOINT_MANAGER_KEY = "spark.sql.streaming.checkpointFileManagerClass"
+LINK_CHECKPOINT_MANAGER = "delayq.fs.LinkCheckpointFileManager"
+
+
+def link_checkpoints(spark: SparkSession) -> bool:
+    """Have ``spark``'s streaming queries create their checkpoint entries on a local disk with
+    a hard link (:data:`LINK_CHECKPOINT_MANAGER`: put-if-absent, about 4 ms an entry here
+    where Spark's default takes about 50), when the class is on the JVM's class path; returns
+    whether it is. The engine's stages call it before they start their queries.
+
+    It holds for the session's other streaming queries too: their new entries on a local
+    disk are created put-if-absent as Spark's own default does; any other scheme, and files
+    Spark replaces, go through Spark's default manager.
+
+    Example:
+        >>> link_checkpoints(spark)  # doctest: +SKIP
+        True
+    """
+    if spark.conf.get(CHECKPOINT_MANAGER_KEY, None) == LINK_CHECKPOINT_MANAGER:
+        return True
+    try:
+        jvm(spark).java.lang.Class.forName(LINK_CHECKPOINT_MANAGER)
+    except Exception:  # (not on the class path: Spark's default manager)
+        log.info("%s is not on the class path: Spark's checkpoint manager", LINK_CHECKPOINT_MANAGER)
+        return False
+    spark.conf.set(CHECKPOINT_MANAGER_KEY, LINK_CHECKPOINT_MANAGER)
+    return True
 
 
 def _open_metastore(spark: SparkSession, cfg: EngineConfig) -> None:

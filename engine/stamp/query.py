@@ -58,6 +58,7 @@ from engine.lakehouse.fs import put_if_absent, read_text, spark_offset
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.lease import unfenced
 from engine.lakehouse.offset_log import OffsetLog
+from engine.lakehouse.session import link_checkpoints
 from engine.lakehouse.storage import register, settings_for
 from engine.lakehouse.store import S3Settings, split_s3
 from engine.stamp.source import CommitlogSource, Position
@@ -324,6 +325,7 @@ class StampQuery:
 
     def _stream(self) -> DataFrame:
         assert self._begin is not None
+        link_checkpoints(self.spark)
         self.spark.dataSource.register(commitlog_stream(self.layout.commitlog))
         return (
             self.spark.readStream.format(SOURCE_FORMAT)

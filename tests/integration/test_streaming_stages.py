@@ -18,6 +18,11 @@ from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import layout
+from engine.lakehouse.session import (
+    CHECKPOINT_MANAGER_KEY,
+    LINK_CHECKPOINT_MANAGER,
+    link_checkpoints,
+)
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send_many
 from engine.run.engine import DELIVER_QUERY, Engine
@@ -219,3 +224,28 @@ def test_a_delivery_batch_replayed_below_the_progress_never_takes_the_window_bac
     assert engine.delivery.progress.watermark == ahead  # not back to the batch's
     engine.step()
     assert_exactly_once_never_early(delivered_rows(spark, cfg), first + late)
+
+
+def test_the_stages_checkpoint_entries_are_created_put_if_absent(
+    spark: SparkSession, tmp_path: Path
+) -> None:
+    """The stages' queries write Spark's offsets and commit entries through
+    ``delayq.fs.LinkCheckpointFileManager``: a second writer of an entry is refused and the
+    first one's bytes stay (Spark's default renames; Hadoop's FileSystem-based one may replace)."""
+    assert link_checkpoints(spark)
+    assert spark.conf.get(CHECKPOINT_MANAGER_KEY) == LINK_CHECKPOINT_MANAGER
+    jvm = spark.sparkContext._jvm
+    assert jvm is not None
+    hadoop = spark.sparkContext._jsc.hadoopConfiguration()  # type: ignore[union-attr]
+    folder = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/offsets")
+    manager = jvm.delayq.fs.LinkCheckpointFileManager(folder, hadoop)
+    entry = jvm.org.apache.hadoop.fs.Path(f"file://{tmp_path}/offsets/7")
+    first = manager.createAtomic(entry, False)
+    second = manager.createAtomic(entry, False)  # both open at once: a race
+    first.write(b"first")
+    second.write(b"second")
+    first.close()
+    with pytest.raises(Exception, match="FileAlreadyExistsException"):
+        second.close()
+    assert (tmp_path / "offsets" / "7").read_bytes() == b"first"
+    assert [p.name for p in (tmp_path / "offsets").iterdir()] == ["7"]  # no temporary left
