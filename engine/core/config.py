@@ -57,16 +57,6 @@ def _positive_int(key: str, value: object) -> int:
     return number
 
 
-def _whole_number(key: str, value: object) -> int:
-    try:
-        number = int(str(value))
-    except ValueError:
-        raise ConfigError(key, value, "expected a whole number") from None
-    if number < 0:
-        raise ConfigError(key, value, "must be 0 or more")
-    return number
-
-
 def _batch_records(key: str, value: object) -> int:
     number = _positive_int(key, value)
     if number > MAX_BATCH_RECORDS:
@@ -295,7 +285,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "stamp.max_rows_per_file": ("stamp_file_rows", _positive_int),
     "stamp.max_bytes_per_batch": ("stamp_max_bytes", _positive_int),
     "stamp.mode": ("stamp_mode", _choice(*STAGE_MODES)),
-    "stamp.driver_batch_bytes": ("stamp_driver_bytes", _whole_number),
+    "stamp.driver_batch_bytes": ("stamp_driver_bytes", _non_negative_int),
     "delivery.poll_interval": ("poll_interval_ms", _duration),
     "delivery.checkpoint_flush_interval": ("checkpoint_flush_ms", _duration),
     "delivery.progress_interval": ("progress_interval_ms", _duration),

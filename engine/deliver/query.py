@@ -40,7 +40,7 @@ from engine.core.errors import CheckpointError
 from engine.lakehouse.fs import spark_offset
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.session import link_checkpoints
-from engine.stamp.query import python_cause
+from engine.stamp.query import query_failure
 
 QUERY_NAME = "delayq-deliver"
 SOURCE_FORMAT = "delayq_clock"
@@ -175,13 +175,7 @@ class DeliverQuery:
     def failure(self) -> BaseException | None:
         """Why the query stopped, if it stopped with an error (the round's own exception when
         a round raised it), else ``None``."""
-        query = self.query
-        if query is None or query.isActive:
-            return None
-        spark_error = query.exception()
-        if spark_error is None:
-            return None
-        return self.error or python_cause(spark_error)
+        return query_failure(self.query, self.error)
 
     def stop(self) -> None:
         """Stop the query; a round in progress is replayed from its plan at the next start."""

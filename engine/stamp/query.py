@@ -235,6 +235,25 @@ def python_cause(err: BaseException) -> BaseException:
     return err
 
 
+def query_failure(
+    query: StreamingQuery | None, raised: BaseException | None
+) -> BaseException | None:
+    """Why a stage's query stopped, if it stopped with an error: what its batch ``raised``
+    when it raised, else Spark's error, each read by :func:`python_cause`; ``None`` while it
+    runs or when it stopped cleanly.
+
+    Example:
+        >>> query_failure(None, None) is None
+        True
+    """
+    if query is None or query.isActive:
+        return None
+    spark_error = query.exception()
+    if spark_error is None:
+        return None
+    return python_cause(raised or spark_error)
+
+
 def newest_plan(layout: Layout) -> StampPlan | None:
     """The newest stamping batch planned on this lakehouse (``None``: none yet), by the driver
     path or the query (which records each batch with files there too), for maintenance to
@@ -455,13 +474,7 @@ class StampQuery:
     def failure(self) -> BaseException | None:
         """Why the query stopped, if it stopped with an error (the batch's own exception
         when a batch raised it), else ``None``."""
-        query = self.query
-        if query is None or query.isActive:
-            return None
-        spark_error = query.exception()
-        if spark_error is None:
-            return None
-        return python_cause(self.error or spark_error)
+        return query_failure(self.query, self.error)
 
     def stop(self) -> None:
         """Stop the query; a batch in progress is run again at the next start."""

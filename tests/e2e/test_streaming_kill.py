@@ -53,6 +53,17 @@ def _run(args: list[str], log: Path, timeout: float = 240) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _killed_at(point: str, command: list[str], folder: Path) -> dict[str, str]:
+    """Run a killing engine; check it died by SIGKILL at ``point``; where it says it was."""
+    log = folder / f"{point}.log"
+    code = _run(command, log)
+    output = log.read_text()
+    assert code == -signal.SIGKILL, output[-3000:]
+    said_point, where = said(output)
+    assert said_point == point, output[-3000:]
+    return where
+
+
 def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
@@ -79,12 +90,7 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
         sent, again = _wave(spark, cfg, k, ids)
         ids, resent = ids + sent, resent + again
         held = highest_batch(ArrowDelta(lay.schedule))
-        log = tmp_path / f"{point}.log"
-        code = _run([*killing, point, "1", *streaming], log)
-        output = log.read_text()
-        assert code == -signal.SIGKILL, output[-3000:]
-        said_point, where = said(output)
-        assert said_point == point, output[-3000:]
+        where = _killed_at(point, [*killing, point, "1", *streaming], tmp_path)
         batch = int(where["batch"])  # Spark's batch id
         first = json.loads((checkpoint / "delayq.json").read_text())["first_batch"]
         assert first == by_driver + 1  # the query's batches go on from the driver path's
@@ -100,12 +106,7 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     for k, point in enumerate(("plan", "round-committed"), start=3):
         sent, again = _wave(spark, cfg, k, ids)
         ids, resent = ids + sent, resent + again
-        log = tmp_path / f"{point}.log"
-        code = _run([*killing, point, "1", *streaming], log)
-        output = log.read_text()
-        assert code == -signal.SIGKILL, output[-3000:]
-        said_point, where = said(output)
-        assert said_point == point, output[-3000:]
+        where = _killed_at(point, [*killing, point, "1", *streaming], tmp_path)
         offsets = [int(p.name) for p in (deliver_checkpoint / "offsets").iterdir()
                    if p.name.isdigit()]  # fmt: skip
         batch = max(offsets)  # the batch the round ran in: Spark's commit of it is not there
