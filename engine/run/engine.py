@@ -291,12 +291,7 @@ class Engine:
                 self._deliver(ahead=True, until=until)
 
     def _deliver(self, ahead: bool = False, until: datetime | None = None) -> RoundResult:
-        lead = self.delivery.lead_ms() if ahead else 0
-        result = (
-            self.delivery.run_round(lead)
-            if until is None
-            else self.delivery.run_round(lead, until=until)
-        )
+        result = self.delivery.run_round(self.delivery.lead_ms() if ahead else 0, until=until)
         # Outside the round's exactly-once section: name the tables it made.
         delta = [t for t in result.per_topic if self.cfg.sink(t) != "kafka"]
         self.catalog.after_round(delta, result.committed)

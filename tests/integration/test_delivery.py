@@ -656,7 +656,7 @@ def test_a_round_failing_for_a_bug_stops_the_engine_at_once_a_passing_failure_is
     engine = Engine(spark, cfg, out=lambda _: None)
     tries: list[str] = []
 
-    def failing(lead_ms: int = 0) -> RoundResult:
+    def failing(lead_ms: int = 0, until: object = None) -> RoundResult:
         tries.append("round")
         if len(tries) == 1:
             raise OSError(5, "Input/output error", "schedule/part-0.parquet")
