@@ -356,10 +356,10 @@ class EngineConfig:
             deliver-time range each covers, so rounds skip more of a large backlog.
         stamp_mode: ``driver`` (a driver thread stamps, no Spark job) or ``streaming``
             (the Structured Streaming query ``delayq-stamp``: Spark's offsets log plans each
-            batch, executors read its files). A lakehouse stamped by the query stays so.
+            batch, Spark tasks stamp and write it). A lakehouse stamped by the query stays so.
         stamp_driver_bytes: with ``streaming``, a batch of at most this many ``commitlog``
-            bytes is read on the driver instead of by a Spark job (about 120 ms less per
-            batch here); 0: every batch is read by executors.
+            bytes is read, stamped and written on the driver instead of by Spark tasks
+            (three Spark jobs less per batch); 0: every batch goes to Spark tasks.
         poll_interval_ms: how often the delivery stage looks for due messages.
         delivery_mode: ``driver`` (a driver thread runs the rounds) or ``streaming`` (the
             Structured Streaming query ``delayq-deliver``: each trigger plans its watermark

@@ -24,6 +24,7 @@ import io
 import logging
 import threading
 from collections.abc import Callable
+from typing import Any
 from urllib.parse import unquote
 
 import pyarrow as pa
@@ -39,9 +40,10 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
+from engine.core.errors import RetryableError
 from engine.lakehouse.checkpoints import CHECKPOINTS, checkpoint_interval
 from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.log_append import LogAppender, conform
+from engine.lakehouse.log_append import FileLayout, LogAppender, conform
 from engine.lakehouse.storage import store_for
 from engine.lakehouse.store import Store, local_path
 
@@ -250,6 +252,53 @@ class ArrowDelta:
                 CHECKPOINTS.request(self.path)
 
         return commit
+
+    def file_layout(self, names: list[str]) -> FileLayout | None:
+        """How Spark tasks write data files for an append of rows with the columns ``names``
+        (:func:`~engine.lakehouse.log_append.write_files`), for :meth:`commit_files`;
+        ``None`` when the table takes appends only through :meth:`append`.
+
+        Example:
+            >>> ArrowDelta("/lake/schedule").file_layout(["msg_id"]).partitions  # doctest: +SKIP
+            ()
+        """
+        with self._lock:
+            return self._appender.layout(names)
+
+    def commit_files(
+        self,
+        adds: list[dict[str, Any]],
+        rows: int,
+        layout: FileLayout,
+        *,
+        txn: Txn | None = None,
+        metadata: str | None = None,
+    ) -> None:
+        """Add data files written for ``layout`` to the table in one commit.
+
+        Args:
+            adds: the files' ``add`` actions (:func:`~engine.lakehouse.log_append.write_files`).
+            rows: how many rows they hold.
+            layout: what :meth:`file_layout` gave when they were written.
+            txn: recorded with the commit; a commit that finds it recorded already adds
+                nothing.
+            metadata: the commit's ``userMetadata``.
+
+        Raises:
+            RetryableError: the table changed its schema or features since the files were
+                written (they are deleted): write them again.
+
+        Example:
+            >>> txn = Txn("delayq-stamp", 7)
+            >>> schedule.commit_files(adds, 1000, layout, txn=txn)  # doctest: +SKIP
+        """
+        with self._lock:
+            staged = self._appender.adopt(adds, rows, layout, txn=txn, metadata=metadata)
+            if not self._appender.commit(staged):
+                raise RetryableError(f"{self.path} no longer takes appends of written files")
+            version, interval = self._appender.version, self._appender.checkpoint_interval
+        if version % interval == 0:
+            CHECKPOINTS.request(self.path)
 
     def _append_delta_rs(
         self, rows: pa.Table, txn: Txn | None, metadata: str | None, file_rows: int

@@ -134,27 +134,95 @@ class _State:
     checkpoint_interval: int = CHECKPOINT_INTERVAL
 
 
+@dataclass(frozen=True)
+class FileLayout:
+    """How a table's data files are written: what a task elsewhere (a Spark executor) needs
+    to write files that :meth:`LogAppender.commit` can add (see :meth:`LogAppender.layout`).
+
+    Attributes:
+        path: the table.
+        schema: its Arrow schema (rows are cast to it).
+        partitions: its partition columns.
+    """
+
+    path: str
+    schema: pa.Schema
+    partitions: tuple[str, ...]
+
+
+def write_files(layout: FileLayout, rows: pa.Table, file_rows: int = 0) -> list[dict[str, Any]]:
+    """Write ``rows`` as data files of the table, not yet part of it (nothing reads them until
+    a commit adds them); their ``add`` actions, in the log's JSON shape.
+
+    Args:
+        layout: the table's, from :meth:`LogAppender.layout`.
+        rows: the rows; columns the table has, in any order (cast to its types).
+        file_rows: at most this many rows per data file (0: one file per partition).
+
+    Example:
+        >>> layout = appender.layout(rows.column_names)  # doctest: +SKIP
+        >>> adds = write_files(layout, rows, 100_000)  # in a Spark task  # doctest: +SKIP
+        >>> appender.commit(appender.adopt(adds, rows.num_rows, layout))  # doctest: +SKIP
+        True
+    """
+    store = store_for(layout.path)
+    data = conform(rows, layout.schema, layout.path)
+    return [
+        _write_file(store, layout.path, chunk, values)
+        for values, part in _partitions(data, list(layout.partitions))
+        for chunk in _chunks(part, file_rows)
+    ]
+
+
+def _write_file(
+    store: Store, table: str, rows: pa.Table, values: dict[str, str | None]
+) -> dict[str, Any]:
+    folder = "/".join(
+        f"{escape_path_name(k)}={escape_path_name(HIVE_NULL if v is None else v)}"
+        for k, v in values.items()
+    )
+    name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
+    relative = f"{folder}/{name}" if folder else name
+    size = store.write_parquet(f"{table}/{relative}", rows)
+    return {
+        # the protocol's path is a URI: readers decode it to find the file
+        "path": quote(relative, safe="/="),
+        "partitionValues": values,
+        "size": size,
+        "modificationTime": int(time.time() * 1000),
+        "dataChange": True,
+        "stats": json.dumps(file_stats(rows), separators=(",", ":")),
+    }
+
+
 @dataclass
 class StagedAppend:
     """An append whose data files are written but not committed (:meth:`LogAppender.stage`).
 
     Attributes:
-        rows: the rows, as given.
+        rows: the rows, as given (``None``: files written elsewhere, :meth:`LogAppender.adopt`).
         adds: the ``add`` actions of the written files.
         txn: the ``txn`` the commit records.
         metadata: the commit's ``userMetadata``.
         file_rows: the file size asked for (a new schema writes the files again).
         layout: the table's schema and partition columns the files were written for.
         done: the ``txn`` was already recorded: there is nothing to commit.
+        written: how many rows the files hold when ``rows`` is ``None``.
     """
 
-    rows: pa.Table
+    rows: pa.Table | None
     adds: list[dict[str, Any]]
     txn: Txn | None
     metadata: str | None
     file_rows: int
     layout: tuple[pa.Schema, list[str]] | None
     done: bool = False
+    written: int = 0
+
+    @property
+    def num_rows(self) -> int:
+        """How many rows the append adds."""
+        return self.written if self.rows is None else self.rows.num_rows
 
 
 class LogAppender:
@@ -262,26 +330,72 @@ class LogAppender:
             >>> appender.commit(staged)  # the rows appear now  # doctest: +SKIP
             True
         """
-        state, done = self._state, False
+        state, done = self._current(rows.column_names, txn)
+        if done:  # another writer committed these rows under the same txn
+            return StagedAppend(rows, [], txn, metadata, file_rows, None, done=True)
+        if state is None:
+            return None
+        adds = write_files(_layout(self.path, state), rows, file_rows)
+        return StagedAppend(
+            rows, adds, txn, metadata, file_rows, (state.schema, list(state.partitions))
+        )
+
+    def _current(self, names: list[str], txn: Txn | None) -> tuple[_State | None, bool]:
+        """The table's state, read again when it may have changed under this appender (a
+        checkpoint past it, a column of ``names`` it lacks, a new table at the path); and
+        whether ``txn`` turned up recorded while it was read."""
+        state = self._state
         fresh = state is None and not self.refused
         if fresh or (
             state is not None
             and (
                 self._checkpointed_after(state.version)  # unseen commits may be cleaned up
-                or not set(rows.column_names) <= set(state.schema.names)  # a new column?
+                or not set(names) <= set(state.schema.names)  # a new column?
                 or self._first_commit() != self._identity  # a new table at the same path
                 or not self.store.exists(self._entry(state.version))  # (its version is gone)
             )
         ):
-            state, done = self._load(txn)
-        if done:  # another writer committed these rows under the same txn
-            return StagedAppend(rows, [], txn, metadata, file_rows, None, done=True)
-        if state is None:
-            return None
-        adds = self._write_files(rows, state, file_rows)
-        return StagedAppend(
-            rows, adds, txn, metadata, file_rows, (state.schema, list(state.partitions))
-        )
+            return self._load(txn)
+        return state, False
+
+    def layout(self, names: list[str]) -> FileLayout | None:
+        """How to write data files for an append of rows with the columns ``names``
+        elsewhere (:func:`write_files` in a Spark task); ``None`` when the table takes no
+        blind append from here (the caller then writes the rows through the driver).
+
+        Example:
+            >>> appender.layout(rows.column_names).partitions  # doctest: +SKIP
+            ()
+        """
+        state, _ = self._current(names, None)
+        return None if state is None else _layout(self.path, state)
+
+    def adopt(
+        self,
+        adds: list[dict[str, Any]],
+        rows: int,
+        layout: FileLayout,
+        *,
+        txn: Txn | None = None,
+        metadata: str | None = None,
+    ) -> StagedAppend:
+        """An append of data files :func:`write_files` wrote for ``layout``, to :meth:`commit`.
+
+        Args:
+            adds: the files' ``add`` actions.
+            rows: how many rows they hold.
+            layout: what they were written for; a table changed since then refuses the
+                commit (:class:`RetryableError`: the files are deleted, the caller writes
+                them again).
+            txn: recorded with the commit.
+            metadata: the commit's ``userMetadata``.
+
+        Example:
+            >>> appender.commit(appender.adopt(adds, 1000, layout))  # doctest: +SKIP
+            True
+        """
+        shape = (layout.schema, list(layout.partitions))
+        return StagedAppend(None, adds, txn, metadata, 0, shape, written=rows)
 
     def commit(self, staged: StagedAppend) -> bool:
         """Add a staged append's files to the table in one commit (the next free version).
@@ -293,16 +407,16 @@ class LogAppender:
         """
         if staged.done:
             return True
-        txn, metadata, rows = staged.txn, staged.metadata, staged.rows
+        txn, metadata = staged.txn, staged.metadata
         state = self._state
         if state is None or (state.schema, state.partitions) != staged.layout:
             # The table was read again since the files were written, for another schema.
             self._remove(staged.adds)
-            return self.append(rows, txn=txn, metadata=metadata, file_rows=staged.file_rows)
+            return self._again(staged)
         adds = staged.adds
         for _ in range(COMMIT_ATTEMPTS):
             version = state.version + 1
-            body = self._commit(adds, rows.num_rows, txn, metadata, version)
+            body = self._commit(adds, staged.num_rows, txn, metadata, version)
             # Flushed to the device before it is linked, as its data files were: a commit
             # reported (and a delivery round recorded after it) survives a power cut.
             if self.store.create(self._entry(version), body, durable=True):
@@ -328,46 +442,25 @@ class LogAppender:
                     )
                 ):
                     self._remove(adds)  # written for the old schema: start again
-                    return done or (
-                        reloaded is not None
-                        and self.append(
-                            rows, txn=txn, metadata=metadata, file_rows=staged.file_rows
-                        )
-                    )
+                    return done or (reloaded is not None and self._again(staged))
                 state = reloaded
                 continue
             state.version = version
         # contention, not a bug: the stage tries again (engine.run.failures)
         raise RetryableError(f"{self.path}: no free version after {COMMIT_ATTEMPTS} tries")
 
-    # ------------------------------------------------------------------ files
-
-    def _write_files(self, rows: pa.Table, state: _State, file_rows: int) -> list[dict[str, Any]]:
-        """Write the data files (not in the table until committed); their ``add`` actions."""
-        data = conform(rows, state.schema, self.path)
-        adds = []
-        for values, part in _partitions(data, state.partitions):
-            for chunk in _chunks(part, file_rows):
-                adds.append(self._write_file(chunk, values))
-        return adds
-
-    def _write_file(self, rows: pa.Table, values: dict[str, str | None]) -> dict[str, Any]:
-        folder = "/".join(
-            f"{escape_path_name(k)}={escape_path_name(HIVE_NULL if v is None else v)}"
-            for k, v in values.items()
+    def _again(self, staged: StagedAppend) -> bool:
+        """Append a staged append's rows again after the table changed under its files."""
+        if staged.rows is None:  # written elsewhere: the writer writes them again
+            raise RetryableError(
+                f"{self.path}: the table's schema or features changed while files for it "
+                "were written; they are written again"
+            )
+        return self.append(
+            staged.rows, txn=staged.txn, metadata=staged.metadata, file_rows=staged.file_rows
         )
-        name = f"part-00000-{uuid.uuid4()}-c000.snappy.parquet"
-        relative = f"{folder}/{name}" if folder else name
-        size = self.store.write_parquet(f"{self.path}/{relative}", rows)
-        return {
-            # the protocol's path is a URI: readers decode it to find the file
-            "path": quote(relative, safe="/="),
-            "partitionValues": values,
-            "size": size,
-            "modificationTime": int(time.time() * 1000),
-            "dataChange": True,
-            "stats": json.dumps(file_stats(rows), separators=(",", ":")),
-        }
+
+    # ------------------------------------------------------------------ files
 
     def _remove(self, adds: list[dict[str, Any]]) -> None:
         for add in adds:
@@ -445,6 +538,10 @@ class LogAppender:
             except (ValueError, KeyError):
                 return False
         return self._last_checkpoint[1] > version
+
+
+def _layout(path: str, state: _State) -> FileLayout:
+    return FileLayout(path, state.schema, tuple(state.partitions))
 
 
 def conform(rows: pa.Table, schema: pa.Schema, path: str) -> pa.Table:
@@ -611,4 +708,12 @@ def _chunks(rows: pa.Table, file_rows: int) -> Iterator[pa.Table]:
         yield rows.slice(start, file_rows)
 
 
-__all__ = ["LogAppender", "StagedAppend", "conform", "file_stats", "unsupported"]
+__all__ = [
+    "FileLayout",
+    "LogAppender",
+    "StagedAppend",
+    "conform",
+    "file_stats",
+    "unsupported",
+    "write_files",
+]

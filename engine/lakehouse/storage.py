@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 from typing import Any
@@ -52,6 +53,30 @@ def register(root: str, settings: S3Settings) -> None:
         _tell_spark(found[0], settings_for(root))
     elif known != settings:
         log.info("%s keeps the storage settings it was first given", root)
+
+
+def carried(location: str) -> dict[str, Any] | None:
+    """The settings that reach ``location``, as plain values another process (a Spark task)
+    takes with :func:`arrive`; ``None`` for a location that is not on S3.
+
+    Example:
+        >>> carried("/lake/schedule") is None
+        True
+    """
+    if split_s3(location) is None:
+        return None
+    return dataclasses.asdict(settings_for(location))
+
+
+def arrive(location: str, settings: dict[str, Any] | None) -> None:
+    """Register the settings :func:`carried` gave for ``location`` in this process.
+
+    Example:
+        >>> arrive("/lake/schedule", None)  # a local lakehouse needs none
+    """
+    found = split_s3(location)
+    if found is not None and settings is not None:
+        register(f"s3a://{found[0]}", S3Settings(**settings))
 
 
 def s3a_conf(bucket: str, settings: S3Settings) -> dict[str, str]:

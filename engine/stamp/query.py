@@ -6,13 +6,17 @@ The query reads ``commitlog`` through a Python streaming source of its own
 :class:`~engine.stamp.source.Position` (a ``commitlog`` version and the index of the next data
 file it added), planned on the driver from the Delta log exactly as the driver path plans its
 batches (``stamp.max_files_per_batch``, ``stamp.max_bytes_per_batch``), and written to
-Spark's offsets log before the batch runs. The batch's files are read on executors, a
-partition per group of files, as Arrow record batches.
+Spark's offsets log before the batch runs. The source's rows are the batch's data files (a
+partition per group of about equal bytes), which Spark tasks read, stamp and write.
 
 Its ``foreachBatch`` stamps the batch and appends it to ``schedule`` and ``quarantine``
 (:class:`~engine.stamp.writer.StampWriter`): each commit records the stamping batch as the
 ``txn`` of ``delayq-stamp``, so a batch Spark runs again after a crash (its offsets written,
 its commit not) covers the same files and stores nothing twice.
+
+A batch over ``stamp.driver_batch_bytes`` is stamped and written by Spark tasks, its rows
+never collected on the driver (:mod:`engine.stamp.tasks`); a smaller one is read and written
+on the driver, where a Spark job would cost more than the work.
 
 The query's checkpoint is ``<lakehouse>/_checkpoints/stamp-query``. Stamping batch numbers go
 on from where the driver path stopped: the first start takes the driver path's position and
@@ -42,41 +46,43 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, ClassVar
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
-from pyspark.sql.pandas.types import to_arrow_schema
 from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.streaming.query import StreamingQuery
-from pyspark.sql.types import StructType
+from pyspark.sql.types import LongType, StringType, StructField, StructType
 
 from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
-from engine.lakehouse.arrow_delta import READ_OPTIONS
 from engine.lakehouse.fs import put_if_absent, read_text, spark_offset
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.lease import unfenced
 from engine.lakehouse.offset_log import OffsetLog
 from engine.lakehouse.session import link_checkpoints
-from engine.lakehouse.storage import register, settings_for
-from engine.lakehouse.store import S3Settings, split_s3
-from engine.stamp.source import CommitlogSource, Position
+from engine.lakehouse.storage import arrive, carried
+from engine.stamp.source import Added, CommitlogSource, Position
 from engine.stamp.stamper import KEEP_PLANS, BatchResult, Stamper, StampPlan, StampStats
 from engine.stamp.stamper import QUERY_CHECKPOINT as CHECKPOINT
 from engine.stamp.stamper import QUERY_START_FILE as START_FILE
+from engine.stamp.tasks import stamp_on_executors
 from engine.stamp.writer import StampWriter
-from schemas import COMMITLOG
 
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "delayq-stamp"
 SOURCE_FORMAT = "delayq_commitlog"
-#: Files per partition: a batch of many small files is read by several tasks at once.
-FILES_PER_PARTITION = 64
+#: The source's rows: a batch's ``commitlog`` data files (Spark tasks read them,
+#: :mod:`engine.stamp.tasks`), a partition per group of about equal bytes.
+FILES = StructType(
+    [
+        StructField("index", LongType()),
+        StructField("path", StringType()),
+        StructField("size", LongType()),
+    ]
+)
 _CHECKPOINT_ERROR = re.compile(r"CheckpointError: (.+)")
 _PYTHON_ERROR = re.compile(r"^(\w+): (.*)$", re.MULTILINE)
-_ARROW_COMMITLOG = to_arrow_schema(COMMITLOG, timezone="UTC")
 
 
 class CommitlogStream(DataSource):
@@ -96,7 +102,7 @@ class CommitlogStream(DataSource):
         return SOURCE_FORMAT
 
     def schema(self) -> StructType:
-        return COMMITLOG
+        return FILES
 
     def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return CommitlogReader(dict(self.options), self.s3)
@@ -109,9 +115,9 @@ def commitlog_stream(path: str) -> type[CommitlogStream]:
         >>> commitlog_stream("/lake/commitlog").name()
         'delayq_commitlog'
     """
-    if split_s3(path) is None:
+    settings = carried(path)
+    if settings is None:
         return CommitlogStream
-    settings = dataclasses.asdict(settings_for(path))
     return type("CommitlogStreamS3", (CommitlogStream,), {"s3": settings})
 
 
@@ -132,12 +138,13 @@ class CommitlogReader(DataSourceStreamReader):
         self.start = json.loads(options["start"])
         self.max_files = int(options["max_files"])
         self.max_bytes = int(options["max_bytes"])
+        self.tasks = int(options.get("tasks", "1"))
         self.s3 = s3
         self._source: CommitlogSource | None = None
 
     def _commitlog(self) -> CommitlogSource:
         if self._source is None:
-            _reach(self.path, self.s3)
+            arrive(self.path, self.s3)
             self._source = CommitlogSource(self.path)
         return self._source
 
@@ -150,49 +157,40 @@ class CommitlogReader(DataSourceStreamReader):
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         files = self._commitlog().between(_position(start), _position(end))
-        paths = [f.path for f in files]
-        return [
-            InputPartition((paths[i : i + FILES_PER_PARTITION], self.s3))
-            for i in range(0, len(paths), FILES_PER_PARTITION)
-        ]
+        return [InputPartition(group) for group in file_groups(files, self.tasks)]
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
-        paths, s3 = partition.value
-        yield from read_files(paths, s3)
+        rows: list[tuple[int, str, int]] = partition.value
+        yield pa.RecordBatch.from_arrays(
+            [
+                pa.array([r[0] for r in rows], pa.int64()),
+                pa.array([r[1] for r in rows], pa.string()),
+                pa.array([r[2] for r in rows], pa.int64()),
+            ],
+            names=FILES.fieldNames(),
+        )
 
     def commit(self, end: dict[str, int]) -> None:
         return None
 
 
-def _reach(path: str, s3: dict[str, Any] | None) -> None:
-    """Register an S3 lakehouse's settings in this (Python worker) process."""
-    found = split_s3(path)
-    if found is not None and s3 is not None:
-        register(f"s3a://{found[0]}", S3Settings(**s3))
-
-
-def read_files(paths: Sequence[str], s3: dict[str, Any] | None = None) -> Iterator[pa.RecordBatch]:
-    """The rows of ``commitlog`` data files as record batches in the ``commitlog`` columns
-    (columns a file lacks are null): what a task of the stamping query reads.
+def file_groups(files: Sequence[Added], tasks: int) -> list[list[tuple[int, str, int]]]:
+    """A batch's files as ``(index in the batch, path, bytes)``, in at most ``tasks`` groups of
+    about equal bytes (the largest first into the lightest group), each in batch order.
 
     Example:
-        >>> batches = read_files(["/lake/commitlog/part-0.parquet"])
-        >>> sum(b.num_rows for b in batches)  # doctest: +SKIP
-        1000
+        >>> files = [Added(0, i, f"/l/f{i}", size) for i, size in enumerate([9, 1, 1, 7])]
+        >>> [[f[0] for f in group] for group in file_groups(files, 2)]
+        [[0], [1, 2, 3]]
     """
-    if not paths:
-        return
-    from engine.lakehouse.storage import store_for
-
-    _reach(paths[0], s3)
-    store = store_for(paths[0])
-    dataset = ds.dataset(
-        [store.arrow_path(p) for p in paths],
-        schema=_ARROW_COMMITLOG,
-        format=ds.ParquetFileFormat(read_options=READ_OPTIONS),
-        filesystem=store.filesystem,
-    )
-    yield from dataset.to_batches()
+    count = max(1, min(tasks, len(files)))
+    groups: list[list[tuple[int, str, int]]] = [[] for _ in range(count)]
+    loads = [0] * count
+    for index, added in sorted(enumerate(files), key=lambda f: -f[1].size):
+        lightest = loads.index(min(loads))
+        groups[lightest].append((index, added.path, added.size))
+        loads[lightest] += added.size
+    return [sorted(group) for group in groups if group]
 
 
 def _planned(checkpoint: str, batch_id: int) -> Position:
@@ -352,6 +350,7 @@ class StampQuery:
             .option("start", json.dumps(_offset(self._begin.start)))
             .option("max_files", str(self.cfg.stamp_max_files))
             .option("max_bytes", str(self.cfg.stamp_max_bytes))
+            .option("tasks", str(self.spark.sparkContext.defaultParallelism))
             .load()
         )
 
@@ -366,23 +365,28 @@ class StampQuery:
             files = self.source.between(start, end)
             if files:
                 self._claim(StampPlan(stamp_batch, start, end))
+            where = "executors"
             if sum(f.size for f in files) <= self.cfg.stamp_driver_bytes:
-                rows = self.source.read(files)  # small: no Spark job (see stamp.mode)
-            else:
-                rows = frame.toArrow()  # executors read the files
-            read = time.monotonic()
-            scheduled, quarantined = self.writer(rows, stamp_batch)
+                where = "driver"  # small: read and written here, no Spark job (stamp.mode)
+                rows = self.source.read(files)
+                read = time.monotonic()
+                scheduled, quarantined = self.writer(rows, stamp_batch)
+                count = rows.num_rows
+            else:  # Spark tasks read, stamp and write the files; the driver commits them
+                read = started
+                scheduled, quarantined = stamp_on_executors(frame, self.writer, stamp_batch)
+                count = scheduled + quarantined
         except BaseException as err:
             self.error = err
             raise
         done = time.monotonic()
         result = BatchResult(
-            stamp_batch, rows.num_rows, scheduled, quarantined, len(files), done - started,
-            read - started, done - read,
+            stamp_batch, count, scheduled, quarantined, len(files), done - started,
+            read - started, done - read, where=where,
         )  # fmt: skip
         stats = self.stats
         stats.batches += 1
-        stats.rows += rows.num_rows
+        stats.rows += count
         stats.scheduled += scheduled
         stats.quarantined += quarantined
         stats.recent.append(result)

@@ -33,13 +33,17 @@ from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from engine.core.errors import CheckpointError
 from engine.lakehouse.arrow_delta import READ_OPTIONS, data_file
 from engine.lakehouse.storage import store_for
 from engine.lakehouse.store import Store
+from schemas import COMMITLOG
 
 log = logging.getLogger(__name__)
+
+_ARROW_COMMITLOG = to_arrow_schema(COMMITLOG, timezone="UTC")
 
 
 @dataclass(frozen=True, order=True)
@@ -208,3 +212,20 @@ class CommitlogSource:
         return ds.dataset(
             paths, schema=schema, format=fmt, filesystem=self.store.filesystem
         ).to_table()
+
+
+def read_file(path: str) -> pa.Table:
+    """The rows of one ``commitlog`` data file in the ``commitlog`` columns (columns the file
+    lacks are null): what a Spark task of the stamping query reads.
+
+    Example:
+        >>> read_file("/lake/commitlog/part-0.parquet").num_rows  # doctest: +SKIP
+        1000
+    """
+    store = store_for(path)
+    return ds.dataset(
+        store.arrow_path(path),
+        schema=_ARROW_COMMITLOG,
+        format=ds.ParquetFileFormat(read_options=READ_OPTIONS),
+        filesystem=store.filesystem,
+    ).to_table()

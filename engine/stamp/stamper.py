@@ -94,6 +94,9 @@ class BatchResult:
     read_s: float
     write_s: float
     replayed: bool = False
+    #: Where the rows were stamped and written: ``driver``, or ``executors`` (Spark tasks,
+    #: :mod:`engine.stamp.tasks`; then ``read_s`` is 0 and ``write_s`` holds it all).
+    where: str = "driver"
 
 
 @dataclass

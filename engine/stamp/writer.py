@@ -1,15 +1,20 @@
 """Stamp a batch of ``commitlog`` rows and append them to ``schedule`` / ``quarantine``.
 
-No Spark job: the rows come as Arrow (:mod:`engine.stamp.source`), are checked and stamped
-with pyarrow (:mod:`engine.stamp.transform`), and the valid rows, sorted by queue and
-deliver time, go to ``schedule`` and the refused ones to ``quarantine``, each in one delta-rs
-commit (:mod:`engine.lakehouse.arrow_delta`), about 20 ms where a Spark Delta write takes
-about a second here.
+On the driver (a small batch, or the driver path) there is no Spark job: the rows come as
+Arrow (:mod:`engine.stamp.source`), are checked and stamped with pyarrow
+(:mod:`engine.stamp.transform`), and the valid rows, sorted by queue and deliver time, go to
+``schedule`` and the refused ones to ``quarantine``, each in one commit
+(:mod:`engine.lakehouse.arrow_delta`), about 20 ms where a Spark Delta write takes about a
+second here.
 
 Both writes are idempotent per batch: each commit records the batch as the ``txn`` version
 of ``delayq-stamp`` (Spark's ``txnAppId``/``txnVersion``), and a batch is written to a table
 only if its id is above the one the table holds (tables stamped before the ``txn`` was
 recorded answer with their highest ``stamp_batch``), so a replayed batch stores nothing twice.
+
+A large batch of the stamping query stays on Spark's executors (:mod:`engine.stamp.tasks`):
+the writer then decides its duplicates from the rows' keys (:meth:`StampWriter.refusals`)
+and commits the files the tasks wrote (:meth:`StampWriter.adopt`).
 
 Example:
     >>> writer = StampWriter(cfg, lay, clock)  # doctest: +SKIP
@@ -18,8 +23,11 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import json
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -30,8 +38,10 @@ from engine.core.config import EngineConfig
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.log_append import FileLayout
 from engine.stamp.dedup import SeenIds, Taken, duplicate_reasons, from_micros, taken_until
 from engine.stamp.transform import id_hashes, split, stamped
+from schemas import QUARANTINE, SCHEDULE, column_names
 
 STAMP_APP_ID = "delayq-stamp"
 #: The 64-bit hash of ``msg_id`` (a ``schedule`` column): the deduplication index's key.
@@ -104,6 +114,23 @@ class StampWriter:
         window = timedelta(milliseconds=self.cfg.dedup_window_ms)
         # Only copies taken until this or later can make a row of the batch a duplicate.
         needed = pc.min(candidates["store_ts"]).as_py() - window
+        reasons = duplicate_reasons(
+            candidates,
+            candidates[ID_HASH].to_numpy(),
+            self._seen_since(batch_id, needed, now),
+            lambda ids: self._last_stored(ids, batch_id, needed),
+            window,
+        )
+        if reasons.null_count == len(reasons):
+            return rows
+        # Put each candidate's reason back at its row (refused rows keep their own).
+        positions = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
+        return with_reasons(rows, positions, reasons.to_pylist())
+
+    def _seen_since(self, batch_id: int, needed: datetime, now: datetime) -> SeenIds:
+        """The ids taken by earlier batches, complete from ``needed`` on (read back from
+        ``schedule`` when the memory does not reach that far, expired now and then)."""
+        window = timedelta(milliseconds=self.cfg.dedup_window_ms)
         # Never forget what this batch needs; keep some slack for rows stamped late.
         bound = min(needed, now - window - EXPIRY_SLACK)
         if self._seen is None or needed < self._seen.complete_from:
@@ -112,21 +139,134 @@ class StampWriter:
             self._seen = seen_ids(self._tables[self.layout.schedule], batch_id, bound)
         elif bound > self._seen.complete_from + window / 8:
             self._seen.expire(bound)  # now and then: it goes through every id
-        reasons = duplicate_reasons(
-            candidates,
-            candidates[ID_HASH].to_numpy(),
-            self._seen,
-            lambda ids: self._last_stored(ids, batch_id, needed),
-            window,
+        return self._seen
+
+    # -------------------------------------------- batches whose rows stay on Spark's executors
+
+    def plan_elsewhere(self, batch_id: int) -> ElsewhereBatch | None:
+        """What Spark tasks need to stamp ``batch_id`` where its rows are and write its data
+        files (:mod:`engine.stamp.tasks`); ``None`` when a table it goes to takes appends
+        only through the driver (a Delta feature the log appender does not honour).
+
+        Example:
+            >>> writer.plan_elsewhere(12).schedule.path  # doctest: +SKIP
+            '/lake/schedule'
+        """
+        targets: dict[str, FileLayout | None] = {}
+        for path, schema in (
+            (self.layout.schedule, SCHEDULE),
+            (self.layout.quarantine, QUARANTINE),
+        ):
+            if self._holds(path, batch_id):
+                targets[path] = None  # a replay: this table has the batch already
+                continue
+            targets[path] = self._tables[path].file_layout(column_names(schema))
+            if targets[path] is None:
+                return None
+        return ElsewhereBatch(
+            self.cfg,
+            batch_id,
+            self.clock.now(),
+            targets[self.layout.schedule],
+            targets[self.layout.quarantine],
         )
-        if reasons.null_count == len(reasons):
-            return rows
-        # Put each candidate's reason back at its row (refused rows keep their own).
-        positions = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
-        merged = np.array(rows["reason"].to_pylist(), dtype=object)
-        merged[positions] = reasons.to_numpy(zero_copy_only=False)
-        index = rows.column_names.index("reason")
-        return rows.set_column(index, "reason", pa.array(merged.tolist(), pa.string()))
+
+    def refusals(
+        self, batch: ElsewhereBatch, keys: pa.Table, fetch: Callable[[pa.Table], pa.Table]
+    ) -> dict[tuple[int, int], str]:
+        """The duplicates among a batch's valid rows, by ``(file, row)``, with their reasons.
+
+        Args:
+            batch: the batch.
+            keys: one row per valid row of the batch (:data:`engine.stamp.tasks.KEYS`).
+            fetch: the stamped rows at some ``(file, row)`` locations, with those columns
+                (the :data:`~engine.stamp.dedup.FIRST` columns, ``deliver_ts`` and
+                ``msg_id_hash``): called only for rows whose id hash comes twice or was
+                seen before, usually none.
+
+        Example:
+            >>> writer.refusals(batch, keys, fetch)  # doctest: +SKIP
+            {(0, 17): 'duplicate: msg_id A was already stored at 2026-01-01 00:00:00.000 UTC'}
+        """
+        if self.cfg.dedup_window_ms <= 0 or keys.num_rows == 0:
+            return {}
+        try:
+            window = timedelta(milliseconds=self.cfg.dedup_window_ms)
+            needed = pc.min(keys["store_ts"]).as_py() - window
+            seen = self._seen_since(batch.batch, needed, batch.now)
+            hashes = np.asarray(keys[ID_HASH].to_numpy(), dtype=np.int64)
+            values, counts = np.unique(hashes, return_counts=True)
+            suspect = seen.contains(hashes) | np.isin(hashes, values[counts > 1])
+            if not suspect.any():
+                return {}
+            rows = fetch(keys.filter(pa.array(suspect)).select(["file", "row"]))
+            reasons = duplicate_reasons(
+                rows,
+                rows[ID_HASH].to_numpy(),
+                seen,
+                lambda ids: self._last_stored(ids, batch.batch, needed),
+                window,
+            ).to_pylist()
+        except BaseException:
+            self._seen = None
+            raise
+        return {
+            (int(file), int(row)): why
+            for file, row, why in zip(
+                rows["file"].to_pylist(), rows["row"].to_pylist(), reasons, strict=True
+            )
+            if why is not None
+        }
+
+    def adopt(
+        self,
+        batch: ElsewhereBatch,
+        adds: Sequence[tuple[str, dict[str, Any]]],
+        keys: pa.Table,
+        refused: Mapping[tuple[int, int], str],
+    ) -> tuple[int, int]:
+        """Commit the data files Spark tasks wrote for a batch, each table's in one commit
+        under the batch's ``txn``, and remember the ids it stamped.
+
+        Args:
+            batch: the batch.
+            adds: ``(table path, add action)`` of each file written.
+            keys: the batch's valid rows (:data:`engine.stamp.tasks.KEYS`).
+            refused: the duplicates among them (:meth:`refusals`).
+
+        Returns:
+            How many rows went to ``schedule`` and to ``quarantine``.
+
+        Example:
+            >>> writer.adopt(batch, adds, keys, refused)  # doctest: +SKIP
+            (9990, 10)
+        """
+        counts = {self.layout.schedule: 0, self.layout.quarantine: 0}
+        try:
+            for path, target in (
+                (self.layout.schedule, batch.schedule),
+                (self.layout.quarantine, batch.quarantine),
+            ):
+                files = [add for table, add in adds if table == path]
+                counts[path] = sum(json.loads(a["stats"])["numRecords"] for a in files)
+                if target is None or not files:
+                    continue
+                self._written.pop(path, None)  # known again after the commit
+                self._tables[path].commit_files(
+                    files,
+                    counts[path],
+                    target,
+                    txn=Txn(STAMP_APP_ID, batch.batch),
+                    metadata=f"{STAMP_APP_ID} batch {batch.batch}",
+                )
+                self._written[path] = batch.batch
+        except BaseException:
+            self._seen = None
+            raise
+        if self._seen is not None and batch.schedule is not None and keys.num_rows:
+            taken = keys.filter(pa.array(~located(keys, refused)))
+            self._seen.add(taken[ID_HASH].to_numpy(), taken_until(taken))
+        return counts[self.layout.schedule], counts[self.layout.quarantine]
 
     def _last_stored(self, ids: Sequence[str], batch_id: int, needed: datetime) -> dict[str, Taken]:
         """Each id's latest copy stamped by an earlier batch and taken until ``needed`` or
@@ -181,6 +321,63 @@ class StampWriter:
             self._written.pop(path, None)
             raise
         self._written[path] = batch_id
+
+
+@dataclass(frozen=True)
+class ElsewhereBatch:
+    """A stamping batch whose rows are stamped and written by Spark tasks: what each task
+    needs (:mod:`engine.stamp.tasks`), the same on every task and every pass.
+
+    Attributes:
+        cfg: the levels and limits.
+        batch: the stamping batch.
+        now: its stamping time.
+        schedule: how to write ``schedule`` files (``None``: the table holds the batch).
+        quarantine: how to write ``quarantine`` files (``None``: it holds the batch).
+        refused: the duplicates, by ``(file, row)`` (:meth:`StampWriter.refusals`).
+    """
+
+    cfg: EngineConfig
+    batch: int
+    now: datetime
+    schedule: FileLayout | None
+    quarantine: FileLayout | None
+    refused: Mapping[tuple[int, int], str] = field(default_factory=dict)
+
+
+def located(keys: pa.Table, at: Iterable[tuple[int, int]]) -> np.ndarray:
+    """Whether each row of ``keys`` (``file``, ``row`` columns) is at one of ``at``.
+
+    Example:
+        >>> keys = pa.table({"file": [0, 0, 1], "row": [0, 1, 0]})
+        >>> located(keys, [(0, 1), (1, 0)]).tolist()
+        [False, True, True]
+    """
+
+    def code(file: np.ndarray, row: np.ndarray) -> np.ndarray:
+        return (np.asarray(file, dtype=np.int64) << 40) | np.asarray(row, dtype=np.int64)
+
+    wanted = np.array(list(at), dtype=np.int64).reshape(-1, 2)
+    files = keys["file"].to_numpy()
+    rows = keys["row"].to_numpy()
+    found: np.ndarray = np.isin(code(files, rows), code(wanted[:, 0], wanted[:, 1]))
+    return found
+
+
+def with_reasons(rows: pa.Table, positions: np.ndarray, reasons: Sequence[str | None]) -> pa.Table:
+    """``rows`` with the ``reason`` at each of ``positions`` replaced (where not null).
+
+    Example:
+        >>> rows = pa.table({"reason": pa.array([None, None], pa.string())})
+        >>> with_reasons(rows, np.array([1]), ["duplicate: x"])["reason"].to_pylist()
+        [None, 'duplicate: x']
+    """
+    merged = np.array(rows["reason"].to_pylist(), dtype=object)
+    for at, why in zip(positions.tolist(), reasons, strict=True):
+        if why is not None:
+            merged[at] = why
+    index = rows.column_names.index("reason")
+    return rows.set_column(index, "reason", pa.array(merged.tolist(), pa.string()))
 
 
 def seen_ids(table: ArrowDelta, batch_id: int, since: datetime) -> SeenIds:

@@ -67,15 +67,18 @@ def _killed_at(point: str, command: list[str], folder: Path) -> dict[str, str]:
 def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
-    """A lakehouse stamped by the driver path, then by the queries. The stamping query is
-    killed with a batch in Spark's offsets log and nothing written (the replay writes it),
-    then with the batch written and Spark's commit log behind (the replay writes nothing
-    twice). The delivery query is killed with its round planned in the delayOffset log, then
-    with the round committed there; both times Spark's commit of the batch is missing."""
+    """A lakehouse stamped by the driver path, then by the queries, whose Spark tasks stamp
+    and write every batch (``stamp.driver_batch_bytes = 0``). The stamping query is killed
+    with a batch in Spark's offsets log and its files written by the tasks but not committed
+    (the replay writes it, the files stay outside the table), then with the batch written
+    and Spark's commit log behind (the replay writes nothing twice). The delivery query is
+    killed with its round planned in the delayOffset log, then with the round committed
+    there; both times Spark's commit of the batch is missing."""
     cfg = make_cfg()
     lay = layout(cfg)
     until = ["--until-idle", "--max-seconds", "90"]
     modes = ["--set", "stamp.mode=streaming", "--set", "delivery.mode=streaming"]
+    modes += ["--set", "stamp.driver_batch_bytes=0"]
     streaming = [*engine_args(cfg, "--show", "0"), *until, *modes]
     checkpoint = Path(lay.checkpoint("stamp-query"))
     delayq = str(VENV_BIN / "delayq")
@@ -86,19 +89,22 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     assert Stamper(spark, cfg, lay, SystemClock()).run_available() == len(ids)  # driver path
     by_driver = highest_batch(ArrowDelta(lay.schedule))
 
-    for k, point in enumerate(("query-planned", "query-written"), start=1):
+    for k, point in enumerate(("tasks-written", "query-written"), start=1):
         sent, again = _wave(spark, cfg, k, ids)
         ids, resent = ids + sent, resent + again
         held = highest_batch(ArrowDelta(lay.schedule))
+        on_disk = len(list(Path(lay.schedule).rglob("*.parquet")))
         where = _killed_at(point, [*killing, point, "1", *streaming], tmp_path)
-        batch = int(where["batch"])  # Spark's batch id
         first = json.loads((checkpoint / "delayq.json").read_text())["first_batch"]
         assert first == by_driver + 1  # the query's batches go on from the driver path's
+        # Spark's batch id (a tasks' point names the stamping batch, first + Spark's id)
+        batch = int(where["batch"]) if "batch" in where else int(where["stamp_batch"]) - first
         assert (checkpoint / "offsets" / str(batch)).exists()
         assert not (checkpoint / "commits" / str(batch)).exists()
         stamped = highest_batch(ArrowDelta(lay.schedule))
-        if point == "query-planned":
-            assert stamped == held  # planned by Spark, nothing written
+        if point == "tasks-written":
+            assert stamped == held  # planned by Spark, files written, none committed
+            assert len(list(Path(lay.schedule).rglob("*.parquet"))) > on_disk
         else:
             assert stamped == first + batch  # written, Spark's commit behind
 

@@ -26,9 +26,11 @@ from engine.lakehouse.session import (
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send_many
 from engine.run.engine import DELIVER_QUERY, Engine
-from engine.stamp.query import QUERY_NAME, StampQuery, newest_plan
+from engine.stamp.query import FILES, QUERY_NAME, StampQuery, newest_plan
+from engine.stamp.source import CommitlogSource, Position
 from engine.stamp.stamper import Stamper
-from engine.stamp.writer import highest_batch
+from engine.stamp.tasks import stamp_on_executors
+from engine.stamp.writer import StampWriter, highest_batch
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 
 pytestmark = pytest.mark.integration
@@ -113,11 +115,12 @@ def test_the_query_goes_on_from_the_driver_path_and_a_replayed_batch_stores_noth
     assert _stamped(spark, cfg) == rows
 
 
-def test_executors_read_a_batch_and_stamp_it_as_the_driver_path_does(
+def test_executors_stamp_and_write_a_batch_as_the_driver_path_does(
     spark: SparkSession, make_cfg: Any
 ) -> None:
-    """With ``stamp.driver_batch_bytes = 0`` every batch is read by a Spark job (Spark's
-    progress counts its rows); the rows stamped are the driver path's, quarantine included."""
+    """With ``stamp.driver_batch_bytes = 0`` every batch is stamped and written by Spark
+    tasks (Spark's progress counts its files); the rows stamped are the driver path's,
+    quarantine and duplicates (in one batch, and of an earlier batch) included."""
     by_spark: EngineConfig = make_cfg(stamp_driver_bytes=0, max_body_bytes=4)
     by_driver = dataclasses.replace(by_spark, lakehouse=by_spark.lakehouse + "-driver")
     messages = [
@@ -145,7 +148,14 @@ def test_executors_read_a_batch_and_stamp_it_as_the_driver_path_does(
             time.sleep(0.1)
     finally:
         spark.streams.removeListener(heard)
-    Stamper(spark, by_driver, layout(by_driver), SystemClock()).run_available()
+    driver = Stamper(spark, by_driver, layout(by_driver), SystemClock())
+    assert driver.run_available() == 5
+    assert {r.where for r in stamping.stats.recent} == {"executors"}
+    for cfg in (by_spark, by_driver):  # a copy of an earlier batch's id, and one sent twice
+        send_many(spark, cfg, [Message("t", "ag", msg_id="timer")], sent)
+        send_many(spark, cfg, [Message("t", "w", msg_id="twice")] * 2, sent)
+    assert stamping.run_available() == 3
+    assert driver.run_available() == 3
 
     def seen(cfg: EngineConfig, table: str, *columns: str) -> list[tuple[Any, ...]]:
         frame = spark.read.format("delta").load(layout(cfg).table(table))
@@ -153,12 +163,42 @@ def test_executors_read_a_batch_and_stamp_it_as_the_driver_path_does(
 
     columns = ("msg_id", "queue_id", "deliver_ts", "body")
     assert seen(by_spark, "schedule", *columns) == seen(by_driver, "schedule", *columns)
-    assert len(seen(by_spark, "schedule", *columns)) == 3
+    assert [r[0] for r in seen(by_spark, "schedule", *columns)] == [
+        "clamped", "ok", "timer", "twice"
+    ]  # fmt: skip
     refused = seen(by_spark, "quarantine", "msg_id", "reason")
     assert refused == seen(by_driver, "quarantine", "msg_id", "reason")
-    assert [m for m, _ in refused] == ["big", "ok"]
+    assert [m for m, _ in refused] == ["big", "ok", "timer", "twice"]
     assert refused[0][1] == "body is 5 bytes, over messages.max_body_bytes=4"
-    assert refused[1][1].startswith("duplicate: ")
+    assert all(why.startswith("duplicate: ") for _, why in refused[1:])
+
+
+def test_files_written_by_tasks_count_once_their_batch_commits_even_when_run_again(
+    spark: SparkSession, cfg: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch whose tasks wrote their files but whose commit never came (the driver died
+    between) adds nothing; run again, its rows are in once; run once more, nothing twice."""
+    lay = layout(cfg)
+    ensure_tables(spark, cfg)
+    sent = [m for tag in "xyz" for m in _send(spark, cfg, tag, n=7)]  # three files
+    source, start = CommitlogSource(lay.commitlog), Position(0, 0)
+    files = source.between(start, source.changes(start, 100, 1 << 30)[1])
+    listed = [(i, f.path, f.size) for i, f in enumerate(files)]
+    frame = spark.createDataFrame(listed, FILES).repartition(2)  # as the source's rows
+    died = StampWriter(cfg, lay, SystemClock())
+
+    def dies(*args: Any) -> tuple[int, int]:
+        raise OSError("the driver died before its commit")
+
+    monkeypatch.setattr(died, "adopt", dies)
+    with pytest.raises(OSError, match="before its commit"):
+        stamp_on_executors(frame, died, 7)
+    assert _stamped(spark, cfg) == []  # files written, none of them in the table
+    writer = StampWriter(cfg, lay, SystemClock())
+    assert stamp_on_executors(frame, writer, 7) == (21, 0)
+    assert stamp_on_executors(frame, writer, 7) == (0, 0)  # the table holds the batch
+    assert stamp_on_executors(frame, StampWriter(cfg, lay, SystemClock()), 7) == (0, 0)
+    assert _stamped(spark, cfg) == sorted((m, 7) for m in sent)
 
 
 def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_hears(
@@ -187,8 +227,8 @@ def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_h
         while len(delivered_rows(spark, cfg)) < len(ids) and time.monotonic() < deadline:
             engine.check_queries()
             time.sleep(0.3)
-        deadline = time.monotonic() + 30
-        while sum(n for name, n in heard.progress if name == QUERY_NAME) < len(ids):
+        deadline = time.monotonic() + 30  # (its input rows are the commitlog files read)
+        while sum(n for name, n in heard.progress if name == QUERY_NAME) < 1:
             assert time.monotonic() < deadline, heard.progress[-5:]
             time.sleep(0.2)
         assert any(name == DELIVER_QUERY for name, _ in heard.progress)

@@ -16,6 +16,8 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 |                | ``delivery.mode = streaming``: not yet in Spark's commit log)        |
 | ``query-planned``| the stamping query's batch is in Spark's offsets log, nothing written |
 | ``query-written``| the stamping query's batch is written, Spark's commit log not yet  |
+| ``tasks-written``| Spark tasks wrote a stamping batch's files, the driver has not     |
+|                | committed them (``stamp.driver_batch_bytes = 0``, or a large batch)  |
 
 The crash points wrap the engine's classes from here, so production code has no hooks. The
 last line it prints says where it died (``SIGKILL at topic-staged round 7 table t1``; a
@@ -49,6 +51,7 @@ POINTS = (
     "round-committed",
     "query-planned",
     "query-written",
+    "tasks-written",
 )
 
 
@@ -125,7 +128,15 @@ def arm(point: str, nth: int) -> None:
         if point == "query-written" and files:
             reached(batch=batch_id)
 
+    adopt_files = StampWriter.adopt
+
+    def adopt_written(self: StampWriter, batch: Any, adds: Any, *args: Any) -> tuple[int, int]:
+        if point == "tasks-written" and adds:
+            reached(stamp_batch=batch.batch)  # (the stamping batch, not Spark's id)
+        return adopt_files(self, batch, adds, *args)
+
     StampQuery._run = run_query_batch  # type: ignore[method-assign]
+    StampWriter.adopt = adopt_written  # type: ignore[method-assign]
     DeltaTopicSink.stage = stage_topic  # type: ignore[method-assign]
     OffsetLog.write = write_offsets  # type: ignore[method-assign]
     StampWriter._append = append_stamped  # type: ignore[method-assign]
