@@ -196,10 +196,13 @@ def _files_task(
     batch: ElsewhereBatch, settings: dict[str, Any] | None
 ) -> Callable[[Iterator[pa.RecordBatch]], Iterator[pa.RecordBatch]]:
     def run(batches: Iterator[pa.RecordBatch]) -> Iterator[pa.RecordBatch]:
+        refused: dict[int, list[tuple[int, str]]] = {}
+        for (file, row), why in batch.refused.items():
+            refused.setdefault(file, []).append((row, why))
         stamps = []
         for index, rows in _files(batches, settings):
             stamp = stamped(rows, batch.cfg, batch.batch, batch.now)
-            mine = [(row, why) for (file, row), why in batch.refused.items() if file == index]
+            mine = refused.get(index)
             if mine:
                 stamp = with_reasons(stamp, np.array([r for r, _ in mine]), [w for _, w in mine])
             stamps.append(stamp)

@@ -200,6 +200,9 @@ class StampWriter:
             if not suspect.any():
                 return {}
             rows = fetch(keys.filter(pa.array(suspect)).select(["file", "row"]))
+            # In the batch's order, as the driver path reads it: copies that tie on every
+            # column of FIRST keep it, whichever tasks read their files.
+            rows = rows.sort_by([("file", "ascending"), ("row", "ascending")])
             reasons = duplicate_reasons(
                 rows,
                 rows[ID_HASH].to_numpy(),
@@ -263,7 +266,9 @@ class StampWriter:
         except BaseException:
             self._seen = None
             raise
-        if self._seen is not None and batch.schedule is not None and keys.num_rows:
+        # (also when `schedule` held the batch already: a memory rebuilt for this replay
+        # holds the batches before it only)
+        if self._seen is not None and keys.num_rows:
             taken = keys.filter(pa.array(~located(keys, refused)))
             self._seen.add(taken[ID_HASH].to_numpy(), taken_until(taken))
         return counts[self.layout.schedule], counts[self.layout.quarantine]

@@ -196,8 +196,16 @@ def test_files_written_by_tasks_count_once_their_batch_commits_even_when_run_aga
     assert _stamped(spark, cfg) == []  # files written, none of them in the table
     writer = StampWriter(cfg, lay, SystemClock())
     assert stamp_on_executors(frame, writer, 7) == (21, 0)
-    assert stamp_on_executors(frame, writer, 7) == (0, 0)  # the table holds the batch
-    assert stamp_on_executors(frame, StampWriter(cfg, lay, SystemClock()), 7) == (0, 0)
+    assert stamp_on_executors(frame, writer, 7) == (0, 0)  # `schedule` holds the batch
+    replayed = StampWriter(cfg, lay, SystemClock())  # (a restart: its memory is rebuilt)
+    assert stamp_on_executors(frame, replayed, 7) == (0, 0)
+    assert _stamped(spark, cfg) == sorted((m, 7) for m in sent)
+
+    # The next batch: a producer's retry of an id the replayed batch holds is a duplicate.
+    after = source.changes(start, 100, 1 << 30)[1]
+    send_many(spark, cfg, [Message("t", "x0", delay_level=1, msg_id=sent[0])])
+    retry = [(0, f.path, f.size) for f in source.changes(after, 100, 1 << 30)[0]]
+    assert stamp_on_executors(spark.createDataFrame(retry, FILES), replayed, 8) == (0, 1)
     assert _stamped(spark, cfg) == sorted((m, 7) for m in sent)
 
 
