@@ -60,6 +60,8 @@ $(VENV)/.spark-launcher: $(VENV)/.installed $(BIN)/find-spark-home Makefile
 	{ echo '# Written by make venv: this venv'"'"'s Spark and Python, with or without activation'; \
 	  echo "export SPARK_HOME=\"$$home\""; \
 	  echo 'if [ -z "$${PYSPARK_PYTHON}" ]; then export PYSPARK_PYTHON="$(abspath $(BIN)/python)"; fi'; \
+	  echo '# spark-sql on a metastore a running engine holds: one line naming its SQL endpoint, exit 3'; \
+	  echo 'if [ "$$(basename "$$0")" = spark-sql ]; then "$(abspath $(BIN)/python)" -m engine.run.spark_sql_guard "$$@" || { [ $$? -ne 3 ] || exit 3; }; fi'; \
 	} > $(BIN)/find-spark-home
 	@touch $@
 

@@ -110,20 +110,39 @@ def holder(path: Path | str) -> int | None:
         True
     """
     lock = Path(path) / _LOCK_FILE
+    found = _locked(lock, "POSIX")
+    return _held_by_lockf(lock) if found == -1 else found
+
+
+def claimant(folder: Path | str) -> int | None:
+    """The delayq process that has claimed the metastore in ``folder`` (its ``flock`` on
+    ``owner.lock``, taken when its session starts, before Derby opens anything), or
+    ``None``; ``-1`` when the lock table is not readable.
+
+    Example:
+        >>> claimant("/nonexistent/_metastore") is None
+        True
+    """
+    return _locked(Path(folder) / _OWNER_FILE, "FLOCK")
+
+
+def _locked(file: Path, kind: str) -> int | None:
+    """The process holding a ``kind`` lock (``POSIX`` or ``FLOCK``) on ``file``, from the
+    kernel's lock table (``/proc/locks``); ``None`` if none, ``-1`` if the table is not
+    readable and the file exists."""
     try:
-        inode = lock.stat().st_ino
+        stat = file.stat()
     except OSError:
         return None
     try:
         table = Path("/proc/locks").read_text()
     except OSError:
-        return _held_by_lockf(lock)
-    device = lock.stat().st_dev
-    wanted = f"{os.major(device):02x}:{os.minor(device):02x}:{inode}"
+        return -1
+    wanted = f"{os.major(stat.st_dev):02x}:{os.minor(stat.st_dev):02x}:{stat.st_ino}"
     for line in table.splitlines():
         parts = line.split()
         # "1: POSIX  ADVISORY  WRITE 12345 fd:01:67890 0 EOF" (device in hex, inode)
-        if len(parts) >= 6 and parts[1] == "POSIX" and parts[5] == wanted:
+        if len(parts) >= 6 and parts[1] == kind and parts[5] == wanted:
             return int(parts[4])
     return None
 

@@ -221,6 +221,23 @@ def test_a_python_session_while_the_engine_holds_the_metastore_names_tables_itse
     assert int(output.split("orders ", 1)[1].split()[0]) == len(served.orders)
 
 
+def test_spark_sql_on_the_metastore_the_engine_holds_says_so_in_one_line(served: Served) -> None:
+    """A plain ``spark-sql`` on the engine's metastore fails at once, in one line naming the
+    engine's SQL endpoint (before: about 30 s, then thousands of lines of Derby's trace)."""
+    conf = hive_conf(metastore_path(served.cfg), f"{served.cfg.lakehouse_path}/_warehouse")
+    settings = [arg for key, value in conf.items() for arg in ("--conf", f"{key}={value}")]
+    env = {k: v for k, v in _env().items() if k != "SPARK_HOME"}  # the venv's launcher
+    query = f"SELECT * FROM {DB}.orders"
+    done = subprocess.run(
+        ["spark-sql", "--properties-file", str(PROPS), *settings, "-e", query],
+        capture_output=True, text=True, timeout=120, env=env, cwd=REPO_ROOT,
+    )  # fmt: skip
+    lines = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode == 3, lines[-20:]
+    assert len(lines) == 1, lines[:20]  # (no JVM started: no Spark or Derby line)
+    assert served.jdbc in lines[0] and served.cfg.lakehouse_path in lines[0], lines[0]
+
+
 def test_after_the_engine_stops_spark_sql_and_a_new_session_see_the_kept_names(
     served: Served,
 ) -> None:
