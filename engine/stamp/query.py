@@ -374,7 +374,9 @@ class StampQuery:
                 count = rows.num_rows
             else:  # Spark tasks read, stamp and write the files; the driver commits them
                 read = started
-                scheduled, quarantined = stamp_on_executors(frame, self.writer, stamp_batch)
+                scheduled, quarantined = stamp_on_executors(
+                    frame, self.writer, stamp_batch, self.fence
+                )
                 count = scheduled + quarantined
         except BaseException as err:
             self.error = err

@@ -42,6 +42,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
+from engine.lakehouse.lease import unfenced
 from engine.lakehouse.log_append import FileLayout, write_files
 from engine.lakehouse.storage import arrive, carried
 from engine.stamp.dedup import FIRST
@@ -70,7 +71,12 @@ _PACKED = "packed binary"
 _SCHEDULE, _QUARANTINE = "schedule", "quarantine"
 
 
-def stamp_on_executors(frame: DataFrame, writer: StampWriter, batch_id: int) -> tuple[int, int]:
+def stamp_on_executors(
+    frame: DataFrame,
+    writer: StampWriter,
+    batch_id: int,
+    fence: Callable[[], None] = unfenced,
+) -> tuple[int, int]:
     """Stamp the files of ``frame`` (a stamping batch) in Spark tasks and commit them.
 
     Args:
@@ -78,6 +84,8 @@ def stamp_on_executors(frame: DataFrame, writer: StampWriter, batch_id: int) -> 
             ``foreachBatch`` DataFrame of the stamping query.
         writer: the stamping writer (deduplication memory, commits).
         batch_id: the stamping batch.
+        fence: called again before the driver commits (the tasks take seconds): raises once
+            this engine no longer holds the lakehouse.
 
     Returns:
         How many rows went to ``schedule`` and to ``quarantine``. (A table that takes no
@@ -116,6 +124,7 @@ def stamp_on_executors(frame: DataFrame, writer: StampWriter, batch_id: int) -> 
         for table, add in (json.loads(bytes(v)) for v in answers.column(0).to_pylist())
     ]
     written = time.monotonic()
+    fence()
     counts = writer.adopt(decided, adds, keys, refused)
     log.debug(
         "stamping batch %d in Spark tasks: keys %.2f s, duplicates %.2f s, files %.2f s, "

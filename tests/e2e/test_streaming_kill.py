@@ -67,8 +67,8 @@ def _killed_at(point: str, command: list[str], folder: Path) -> dict[str, str]:
 def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
-    """A lakehouse stamped by the driver path, then by the queries, whose Spark tasks stamp
-    and write every batch (``stamp.driver_batch_bytes = 0``). The stamping query is killed
+    """A lakehouse stamped by the driver path, then by the queries. The stamping query, its
+    Spark tasks stamping and writing every batch (``stamp.driver_batch_bytes = 0``), is killed
     with a batch in Spark's offsets log and its files written by the tasks but not committed
     (the replay writes it, the files stay outside the table), then with the batch written
     and Spark's commit log behind (the replay writes nothing twice). The delivery query is
@@ -78,8 +78,8 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     lay = layout(cfg)
     until = ["--until-idle", "--max-seconds", "90"]
     modes = ["--set", "stamp.mode=streaming", "--set", "delivery.mode=streaming"]
-    modes += ["--set", "stamp.driver_batch_bytes=0"]
     streaming = [*engine_args(cfg, "--show", "0"), *until, *modes]
+    in_tasks = [*streaming, "--set", "stamp.driver_batch_bytes=0"]  # the stamping kills
     checkpoint = Path(lay.checkpoint("stamp-query"))
     delayq = str(VENV_BIN / "delayq")
     killing = [sys.executable, "-m", "tests.support.killing_engine"]
@@ -94,7 +94,7 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
         ids, resent = ids + sent, resent + again
         held = highest_batch(ArrowDelta(lay.schedule))
         on_disk = len(list(Path(lay.schedule).rglob("*.parquet")))
-        where = _killed_at(point, [*killing, point, "1", *streaming], tmp_path)
+        where = _killed_at(point, [*killing, point, "1", *in_tasks], tmp_path)
         first = json.loads((checkpoint / "delayq.json").read_text())["first_batch"]
         assert first == by_driver + 1  # the query's batches go on from the driver path's
         # Spark's batch id (a tasks' point names the stamping batch, first + Spark's id)

@@ -15,7 +15,7 @@ from pyspark.sql.streaming import StreamingQueryListener
 
 from engine.core.clock import FakeClock, SystemClock
 from engine.core.config import EngineConfig
-from engine.core.errors import CheckpointError
+from engine.core.errors import CheckpointError, FencedError
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import layout
 from engine.lakehouse.session import (
@@ -177,7 +177,8 @@ def test_files_written_by_tasks_count_once_their_batch_commits_even_when_run_aga
     spark: SparkSession, cfg: EngineConfig, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """A batch whose tasks wrote their files but whose commit never came (the driver died
-    between) adds nothing; run again, its rows are in once; run once more, nothing twice."""
+    between, or was fenced meanwhile) adds nothing; run again, its rows are in once; run
+    once more, nothing twice, and the next batch still knows the ids it holds."""
     lay = layout(cfg)
     ensure_tables(spark, cfg)
     sent = [m for tag in "xyz" for m in _send(spark, cfg, tag, n=7)]  # three files
@@ -194,6 +195,13 @@ def test_files_written_by_tasks_count_once_their_batch_commits_even_when_run_aga
     with pytest.raises(OSError, match="before its commit"):
         stamp_on_executors(frame, died, 7)
     assert _stamped(spark, cfg) == []  # files written, none of them in the table
+
+    def fenced() -> None:  # another engine took the lakehouse over while the tasks ran
+        raise FencedError("the lease is another engine's")
+
+    with pytest.raises(FencedError):
+        stamp_on_executors(frame, StampWriter(cfg, lay, SystemClock()), 7, fenced)
+    assert _stamped(spark, cfg) == []
     writer = StampWriter(cfg, lay, SystemClock())
     assert stamp_on_executors(frame, writer, 7) == (21, 0)
     assert stamp_on_executors(frame, writer, 7) == (0, 0)  # `schedule` holds the batch
