@@ -292,6 +292,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "delivery.topic_writers": ("topic_writers", _positive_int),
     "delivery.max_lead": ("max_lead_ms", _duration_or_off),
     "delivery.mode": ("delivery_mode", _choice(*STAGE_MODES)),
+    "delivery.driver_round_rows": ("deliver_driver_rows", _non_negative_int),
     "lease.timeout": ("lease_timeout_ms", _duration),
     "lease.standby": ("lease_standby", _bool),
     "spark.master": ("spark_master", _text),
@@ -364,6 +365,10 @@ class EngineConfig:
         delivery_mode: ``driver`` (a driver thread runs the rounds) or ``streaming`` (the
             Structured Streaming query ``delayq-deliver``: each trigger plans its watermark
             into Spark's offsets log, and its ``foreachBatch`` runs the round up to it).
+        deliver_driver_rows: with ``streaming``, a round whose window's ``schedule`` files
+            hold at most this many rows is read and written on the driver; a larger one by
+            Spark tasks (the driver commits their files); 0: every round that reads a file
+            goes to Spark tasks.
         checkpoint_flush_ms: longest time an idle delivery stage waits before
             recording progress (RocketMQ flushes delayOffset every 10 s; here a round
             that delivers anything always commits at once).
@@ -447,6 +452,7 @@ class EngineConfig:
     topic_writers: int = 4
     max_lead_ms: int = 500
     delivery_mode: str = "driver"
+    deliver_driver_rows: int = 200_000
     lease_timeout_ms: int = 15_000
     lease_standby: bool = False
     spark_master: str = "local[2]"

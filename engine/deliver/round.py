@@ -41,6 +41,7 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import statistics
 import time
@@ -53,6 +54,7 @@ from datetime import datetime, timedelta
 import pyarrow as pa
 import pyarrow.dataset as ds
 from pyspark.sql import SparkSession
+from pyspark.sql.pandas.types import to_arrow_schema
 
 from engine.core.clock import Clock, from_millis, to_micros
 from engine.core.config import EngineConfig
@@ -81,6 +83,7 @@ from engine.deliver.commands import (
     unstamped,
 )
 from engine.deliver.due import (
+    TS,
     WINDOW_STATS,
     Candidates,
     Window,
@@ -91,17 +94,25 @@ from engine.deliver.due import (
 )
 from engine.deliver.lateness import Lateness
 from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
+from engine.deliver.tasks import RoundJob, Written, deliver_on_executors
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.lease import unfenced
 from engine.lakehouse.live_files import LiveFiles
+from engine.lakehouse.log_append import FileLayout
 from engine.lakehouse.offset_log import OffsetLog
+from engine.lakehouse.storage import carried
+from schemas import TOPIC
 
 log = logging.getLogger(__name__)
 
 #: Rounds whose topic-file times set the lead of a round planned ahead (their median).
 LEAD_ROUNDS = 5
+#: The rows a round found when Spark tasks read them (none came to the driver).
+_NO_ROWS = pa.table({"deliver_ts": pa.array([], TS)})
+#: The layout of a topic table as delayq creates it (what tasks assume of a new one).
+_TOPIC_ARROW = to_arrow_schema(TOPIC, timezone="UTC")
 #: Longest sleep while a round planned ahead waits for its watermark.
 WAIT_STEP_S = 0.05
 #: How much longer than the time it was away a round waits for its watermark.
@@ -129,6 +140,8 @@ class RoundResult:
             (progress).
         lateness: how late the delivered rows were (``delivered_ts - deliver_ts``).
         commands: command outcomes the round decided, per result (``cancelled``, ...).
+        where: ``driver`` (the round's rows were read and written here) or ``executors``
+            (by Spark tasks, :mod:`engine.deliver.tasks`).
     """
 
     round: int
@@ -143,6 +156,7 @@ class RoundResult:
     stages: Mapping[str, float] = field(default_factory=dict)
     lateness: Lateness = field(default_factory=Lateness)
     commands: Mapping[str, int] = field(default_factory=dict)
+    where: str = "driver"
 
 
 class Delivery:
@@ -303,12 +317,69 @@ class Delivery:
         window = Window(prev.watermark, plan.watermark, prev.stamp_batch)
         if not window.follows(self._retired):
             self._schedule.reset()  # files retired for a later progress may hold rows
-        found = read_candidates(
-            self._schedule.dataset(plan.schedule_version, keep=window.may_hold),
-            window,
-            self._removed(prev, plan, resolution),
+        removed = self._removed(prev, plan, resolution)
+        written = self._on_executors(plan, window, removed)
+        if written is not None:
+            found = Candidates(_NO_ROWS, written.summary, written.files, written.rows)
+        else:
+            found = read_candidates(
+                self._schedule.dataset(plan.schedule_version, keep=window.may_hold),
+                window,
+                removed,
+            )
+        return self._deliver(prev, plan, resolution, found, replayed, started, written)
+
+    def _on_executors(
+        self, plan: Plan, window: Window, removed: set[tuple[str, int]]
+    ) -> Written | None:
+        """A large round's scan and topic files, by Spark tasks (:mod:`engine.deliver.tasks`);
+        ``None`` when the round runs on the driver: ``delivery.mode`` is ``driver``, the
+        window holds at most ``delivery.driver_round_rows`` rows, a topic goes to Kafka, or
+        a topic table takes no files written elsewhere."""
+        if self.cfg.delivery_mode != "streaming":
+            return None
+        sinks = self.sinks()
+        if not isinstance(sinks, Sinks) or not sinks.delta_only():
+            return None
+        parts = self._schedule.parts(plan.schedule_version, keep=window.may_hold)
+        if not parts or sum(p.rows for p in parts) <= self.cfg.deliver_driver_rows:
+            return None
+        topics = sinks.delta
+        known: dict[str, FileLayout] = {}
+        for table in topics.known():
+            found = topics.file_layout(table)
+            if found is None:
+                return None
+            known[table] = found
+        template = next(iter(known.values()), None) or FileLayout("", _TOPIC_ARROW, ())
+        job = RoundJob(
+            schedule=self.layout.schedule,
+            schema=self._schedule.schema(plan.schedule_version),
+            parts=parts,
+            window=window,
+            removed=frozenset(removed),
+            # (rows are shown at the watermark or later: a round planned ahead commits then)
+            delivered_ts=max(self.clock.now(), plan.watermark),
+            round=plan.round,
+            layouts=known,
+            topic_path=self.layout.topic,
+            template=template,
+            settings=carried(self.layout.schedule),
+            tasks=self.spark.sparkContext.defaultParallelism,
         )
-        return self._deliver(prev, plan, resolution, found, replayed, started)
+        written = deliver_on_executors(self.spark, job)
+        wrong: set[str] = set()
+        for table in sorted(written.guessed):
+            actual = topics.file_layout(table)  # (creates the table, empty)
+            if actual is None:
+                return None
+            known[table] = actual
+            if actual != written.layouts[table]:
+                wrong.add(table)
+        if wrong:  # tables whose real layout the tasks did not guess: written again
+            again = dataclasses.replace(job, layouts=known, only=frozenset(wrong))
+            written.redo(deliver_on_executors(self.spark, again), wrong)
+        return written
 
     def _deliver(
         self,
@@ -318,6 +389,7 @@ class Delivery:
         found: Candidates,
         replayed: bool,
         started: float,
+        written: Written | None = None,
     ) -> RoundResult:
         summary = found.summary
         self._time("scan")
@@ -353,15 +425,20 @@ class Delivery:
         if resolution is not None and decided:
             self._apply_commands(resolution, plan, high_batch)
             self._time("commands")
-        # Rows are shown at the watermark or later (a round planned ahead commits then).
-        delivered_ts = max(self.clock.now(), plan.watermark)
-        per_topic = self._write_topics(found, plan, replayed, delivered_ts, started)
+        if written is not None:
+            per_topic = self._commit_written(written, plan, replayed, started)
+            lateness = written.lateness
+        else:
+            # Rows are shown at the watermark or later (a round planned ahead commits then).
+            delivered_ts = max(self.clock.now(), plan.watermark)
+            per_topic = self._write_topics(found, plan, replayed, delivered_ts, started)
+            lateness = Lateness.of(found.deliver["deliver_ts"], delivered_ts)
         self._time("topics")
         self._commit(prev, plan, summary, high_batch, resolution)
         self._time("commit")
         return self._result(
-            plan.round, plan, per_topic, True, replayed, started, found,
-            Lateness.of(found.deliver["deliver_ts"], delivered_ts), resolution,
+            plan.round, plan, per_topic, True, replayed, started, found, lateness, resolution,
+            where="driver" if written is None else "executors",
         )  # fmt: skip
 
     # ------------------------------------------------------------- cancel / reschedule
@@ -488,6 +565,31 @@ class Delivery:
             list(pool.map(commit, staged))
         return {name: rows.num_rows for name, rows in tables.items()}
 
+    def _commit_written(
+        self, written: Written, plan: Plan, replayed: bool, started: float
+    ) -> dict[str, int]:
+        """Commit the topic files Spark tasks wrote, once the clock has reached the watermark
+        (one commit per table, as :meth:`_write_topics`'s; a replay skips the tables its
+        ``txn`` shows)."""
+        sinks = self.sinks()
+        assert isinstance(sinks, Sinks)  # (as _on_executors checked)
+        topics = sinks.delta
+        tables = sorted(t for t, n in written.counts.items() if n)
+        todo = [t for t in tables if not (replayed and topics.written(plan.round, t))]
+        self._time("files")
+        if tables:
+            self._preps.append(time.monotonic() - started)
+        self._wait_until(plan.watermark)
+        self._time("wait")
+
+        def commit(table: str) -> None:
+            adds, rows = written.adds[table], written.counts[table]
+            topics.commit_files(plan.round, table, adds, rows, written.layouts[table])
+
+        with ThreadPoolExecutor(max_workers=self.cfg.topic_writers) as pool:
+            list(pool.map(commit, todo))
+        return {t: written.counts[t] for t in tables}
+
     def lead_ms(self) -> int:
         """How far ahead of the clock the next round may be planned: 1.25 times the median
         time the last rounds that wrote took to have their topic files written, at most
@@ -607,6 +709,7 @@ class Delivery:
         found: Candidates | None,
         lateness: Lateness | None = None,
         resolution: Resolution | None = None,
+        where: str = "driver",
     ) -> RoundResult:
         decided = Counter(r["result"] for r in (resolution.results if resolution else []))
         return RoundResult(
@@ -622,6 +725,7 @@ class Delivery:
             stages=dict(self._stages),
             lateness=lateness or Lateness(),
             commands=dict(decided),
+            where=where,
         )
 
 

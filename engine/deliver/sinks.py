@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import pyarrow as pa
 from pyspark.sql import SparkSession
@@ -33,7 +33,9 @@ from engine.deliver.kafka_sink import KafkaTopicSink, TransactionalKafkaSink
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.log_append import FileLayout
 from engine.lakehouse.tables import ensure_topic_table
+from schemas import TOPIC, column_names
 
 #: Commits of a topic table a replayed round looks through for its own.
 HISTORY_LOOKBACK = 1000
@@ -131,12 +133,41 @@ class DeltaTopicSink:
 
         A table that does not exist yet is created here: empty, it shows no row early.
         """
+        delta = self._ensure(table)
+        return delta.stage(rows, txn=Txn(self.app_id, round_), metadata=self.tag(round_))
+
+    def _ensure(self, table: str) -> ArrowDelta:
         delta = self._table(table)
         if table not in self._exist:
             if delta.latest() < 0:
                 ensure_topic_table(self.spark, self.cfg, table)
             self._exist.add(table)
-        return delta.stage(rows, txn=Txn(self.app_id, round_), metadata=self.tag(round_))
+        return delta
+
+    def known(self) -> list[str]:
+        """The topic tables this sink has written or seen."""
+        with self._lock:
+            return sorted(self._exist)
+
+    def file_layout(self, table: str) -> FileLayout | None:
+        """How Spark tasks write ``table``'s files for :meth:`commit_files` (the table is
+        created first when it does not exist); ``None`` when it takes appends only through
+        the driver.
+
+        Example:
+            >>> sink.file_layout("orders").path  # doctest: +SKIP
+            '/lake/topics/orders'
+        """
+        return self._ensure(table).file_layout(column_names(TOPIC))
+
+    def commit_files(
+        self, round_: int, table: str, adds: list[dict[str, Any]], rows: int, layout: FileLayout
+    ) -> None:
+        """Commit files Spark tasks wrote for the round (one commit that records the round,
+        as :meth:`stage`'s does)."""
+        self._ensure(table).commit_files(
+            adds, rows, layout, txn=Txn(self.app_id, round_), metadata=self.tag(round_)
+        )
 
 
 class Sinks:
@@ -162,6 +193,10 @@ class Sinks:
         close = getattr(self.kafka, "close", None)
         if close is not None:
             close()
+
+    def delta_only(self) -> bool:
+        """Whether every topic table goes to Delta only (``kafka.sinks`` names none)."""
+        return all(chosen == "delta" for chosen in self.cfg.kafka_sinks.values())
 
     def of(self, table: str) -> Sequence[TopicSink]:
         """Kafka first, then Delta, as ``kafka.sinks.<table>`` says."""

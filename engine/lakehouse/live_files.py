@@ -81,6 +81,35 @@ class DataFile:
         return self.high.get(column)
 
 
+@dataclass(frozen=True)
+class Part:
+    """A data file as a reader of it needs it (picklable, for a Spark task).
+
+    Attributes:
+        path: the file, as the table's store's Arrow filesystem names it.
+        partition: its partition values, as an Arrow expression.
+        rows: its row count (0 when unknown).
+    """
+
+    path: str
+    partition: ds.Expression
+    rows: int
+
+
+def files_dataset(parts: Iterable[Part], schema: pa.Schema, store: Store) -> ds.FileSystemDataset:
+    """Files of one table as an Arrow dataset (partition columns filled from their values).
+
+    Example:
+        >>> files_dataset(live.parts(41), live.schema(41), live.store)  # doctest: +SKIP
+        <pyarrow._dataset.FileSystemDataset object at ...>
+    """
+    fragments = [
+        _FORMAT.make_fragment(p.path, filesystem=store.filesystem, partition_expression=p.partition)
+        for p in parts
+    ]
+    return ds.FileSystemDataset(fragments, schema, _FORMAT, store.filesystem)
+
+
 class LiveFiles:
     """The files of one Delta table, version by version; not thread-safe.
 
@@ -151,18 +180,23 @@ class LiveFiles:
             >>> live.dataset(41).to_table().num_rows  # doctest: +SKIP
             1200
         """
-        chosen = [f for f in self.files(version) if keep(f)]
+        return files_dataset(self.parts(version, keep), self.schema(version), self.store)
+
+    def parts(self, version: int, keep: Callable[[DataFile], bool] = lambda _f: True) -> list[Part]:
+        """The files of ``version`` that ``keep`` keeps, as :class:`Part` s: what a Spark task
+        needs to read them (:func:`files_dataset`).
+
+        Example:
+            >>> sum(p.rows for p in live.parts(41))  # doctest: +SKIP
+            1200
+        """
         schema = self.schema(version)
         store = self.store
-        fragments = [
-            _FORMAT.make_fragment(
-                store.arrow_path(f.path),
-                filesystem=store.filesystem,
-                partition_expression=self._expression(f, schema),
-            )
-            for f in chosen
+        return [
+            Part(store.arrow_path(f.path), self._expression(f, schema), f.rows or 0)
+            for f in self.files(version)
+            if keep(f)
         ]
-        return ds.FileSystemDataset(fragments, schema, _FORMAT, store.filesystem)
 
     def retire(self, before: int, done: Callable[[DataFile], bool] | None = None) -> None:
         """Forget versions before ``before`` (files removed by then) and the live files that
@@ -307,4 +341,4 @@ def _number(value: Any, *, up: bool = False) -> int | None:
     return None
 
 
-__all__ = ["DataFile", "LiveFiles"]
+__all__ = ["DataFile", "LiveFiles", "Part", "files_dataset"]

@@ -55,6 +55,7 @@ from pyspark.sql.types import LongType, StringType, StructField, StructType
 from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
+from engine.core.groups import balanced
 from engine.lakehouse.fs import put_if_absent, read_text, spark_offset
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.lease import unfenced
@@ -183,14 +184,8 @@ def file_groups(files: Sequence[Added], tasks: int) -> list[list[tuple[int, str,
         >>> [[f[0] for f in group] for group in file_groups(files, 2)]
         [[0], [1, 2, 3]]
     """
-    count = max(1, min(tasks, len(files)))
-    groups: list[list[tuple[int, str, int]]] = [[] for _ in range(count)]
-    loads = [0] * count
-    for index, added in sorted(enumerate(files), key=lambda f: -f[1].size):
-        lightest = loads.index(min(loads))
-        groups[lightest].append((index, added.path, added.size))
-        loads[lightest] += added.size
-    return [sorted(group) for group in groups if group]
+    groups = balanced([f.size for f in files], tasks)
+    return [[(i, files[i].path, files[i].size) for i in group] for group in groups]
 
 
 def _planned(checkpoint: str, batch_id: int) -> Position:

@@ -53,6 +53,16 @@ def _run(args: list[str], log: Path, timeout: float = 240) -> int:
             os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _actions(table: Path) -> list[dict[str, Any]]:
+    """Every action of a Delta table's log."""
+    return [
+        json.loads(line)
+        for entry in sorted((table / "_delta_log").glob("*.json"))
+        for line in entry.read_text().splitlines()
+        if line.strip()
+    ]
+
+
 def _killed_at(point: str, command: list[str], folder: Path) -> dict[str, str]:
     """Run a killing engine; check it died by SIGKILL at ``point``; where it says it was."""
     log = folder / f"{point}.log"
@@ -72,14 +82,16 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     with a batch in Spark's offsets log and its files written by the tasks but not committed
     (the replay writes it, the files stay outside the table), then with the batch written
     and Spark's commit log behind (the replay writes nothing twice). The delivery query is
-    killed with its round planned in the delayOffset log, then with the round committed
-    there; both times Spark's commit of the batch is missing."""
+    killed with its round planned in the delayOffset log and its topic files written by
+    Spark tasks (``delivery.driver_round_rows = 0``) but none committed, then with the round
+    committed there; both times Spark's commit of the batch is missing."""
     cfg = make_cfg()
     lay = layout(cfg)
     until = ["--until-idle", "--max-seconds", "90"]
     modes = ["--set", "stamp.mode=streaming", "--set", "delivery.mode=streaming"]
     streaming = [*engine_args(cfg, "--show", "0"), *until, *modes]
     in_tasks = [*streaming, "--set", "stamp.driver_batch_bytes=0"]  # the stamping kills
+    round_tasks = [*streaming, "--set", "delivery.driver_round_rows=0"]  # the delivery ones
     checkpoint = Path(lay.checkpoint("stamp-query"))
     delayq = str(VENV_BIN / "delayq")
     killing = [sys.executable, "-m", "tests.support.killing_engine"]
@@ -109,10 +121,10 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
             assert stamped == first + batch  # written, Spark's commit behind
 
     deliver_checkpoint = Path(lay.checkpoint("deliver-query"))
-    for k, point in enumerate(("plan", "round-committed"), start=3):
+    for k, point in enumerate(("round-tasks-written", "round-committed"), start=3):
         sent, again = _wave(spark, cfg, k, ids)
         ids, resent = ids + sent, resent + again
-        where = _killed_at(point, [*killing, point, "1", *streaming], tmp_path)
+        where = _killed_at(point, [*killing, point, "1", *round_tasks], tmp_path)
         offsets = [int(p.name) for p in (deliver_checkpoint / "offsets").iterdir()
                    if p.name.isdigit()]  # fmt: skip
         batch = max(offsets)  # the batch the round ran in: Spark's commit of it is not there
@@ -120,9 +132,14 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
         delay_offset = Path(lay.delay_offset)
         progress = (delay_offset / f"{int(where['round']):020d}.json").exists()
         assert progress == (point == "round-committed")  # the round's own record
+        if point == "round-tasks-written":  # planned, its files written, none committed
+            assert (delay_offset / f"{int(where['round']):020d}.plan.json").exists()
+            table = Path(lay.topic(where["table"]))
+            committed = {a["add"]["path"] for a in _actions(table) if "add" in a}
+            assert {p.name for p in table.glob("*.parquet")} - committed
 
-    final = tmp_path / "final.log"
-    assert _run([delayq, "run", *streaming], final) == 0, final.read_text()[-3000:]
+    final = tmp_path / "final.log"  # (rounds by Spark tasks: the replay too)
+    assert _run([delayq, "run", *round_tasks], final) == 0, final.read_text()[-3000:]
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
     quarantine = spark.read.format("delta").load(lay.quarantine)
     reasons = [r["reason"] for r in quarantine.select("reason").collect()]

@@ -13,9 +13,13 @@ import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
+from engine.control.commands import cancel
 from engine.core.clock import FakeClock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError, FencedError
+from engine.deliver.checkpoint import read_checkpoint
+from engine.deliver.round import Delivery, RoundResult
+from engine.deliver.sinks import DeltaTopicSink
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import layout
 from engine.lakehouse.session import (
@@ -215,6 +219,81 @@ def test_files_written_by_tasks_count_once_their_batch_commits_even_when_run_aga
     retry = [(0, f.path, f.size) for f in source.changes(after, 100, 1 << 30)[0]]
     assert stamp_on_executors(spark.createDataFrame(retry, FILES), replayed, 8) == (0, 1)
     assert _stamped(spark, cfg) == sorted((m, 7) for m in sent)
+
+
+def test_executors_deliver_rounds_as_the_driver_path_does_and_a_replay_commits_the_rest(
+    spark: SparkSession, make_cfg: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With ``delivery.driver_round_rows = 0`` Spark tasks read every round's window and write
+    its topic files, new tables and a cancel included; the topic rows are the driver path's
+    and the progress too. A round whose driver dies between two tables' commits is replayed
+    by the next engine: the committed table is not written twice, the other gets its rows."""
+    by_spark: EngineConfig = make_cfg(delivery_mode="streaming", deliver_driver_rows=0)
+    by_driver = dataclasses.replace(
+        by_spark, lakehouse=by_spark.lakehouse + "-driver", delivery_mode="driver"
+    )
+    clock = FakeClock(datetime.now(UTC))
+    messages = [
+        Message(("Orders", "orders", "audit")[i % 3], f"b{i}", msg_id=f"m{i}", delay_level=i % 4)
+        for i in range(30)
+    ]
+    for cfg in (by_spark, by_driver):
+        ensure_tables(spark, cfg)
+        send_many(spark, cfg, messages, clock)
+        Stamper(spark, cfg, layout(cfg), clock).run_available()
+        cancel(spark, cfg, "m6", wait=0, clock=clock)  # (level 2: due at 2 s)
+    rounds: dict[str, list[RoundResult]] = {"spark": [], "driver": []}
+    deliveries = {
+        n: Delivery(spark, c, layout(c), clock)
+        for n, c in (("spark", by_spark), ("driver", by_driver))
+    }
+    for _ in range(4):  # 0 s, then 1, 2, 3 s: each level's rows in a round of their own
+        for name, delivery in deliveries.items():  # (new tables guessed, then known ones)
+            rounds[name].append(delivery.run_round())
+        clock.advance(seconds=1)
+    assert [r.where for r in rounds["spark"]] == ["executors"] * 4
+    assert [r.where for r in rounds["driver"]] == ["driver"] * 4
+    for a, b in zip(rounds["spark"], rounds["driver"], strict=True):
+        assert (a.delivered, a.per_topic) == (b.delivered, b.per_topic)
+        assert (a.lateness.counts, a.lateness.n) == (b.lateness.counts, b.lateness.n)
+    columns = ("msg_id", "topic", "queue_id", "deliver_ts", "delivered_ts", "delivery_round")
+
+    def topics(cfg: EngineConfig) -> list[tuple[Any, ...]]:  # (delta-rs: no Spark job)
+        tables = [ArrowDelta(layout(cfg).topic(t)) for t in ("orders", "audit")]
+        rows = [r for t in tables for r in t.dataset(t.latest()).to_table().to_pylist()]
+        return sorted(tuple(r[c] for c in columns) for r in rows)
+
+    assert topics(by_spark) == topics(by_driver)
+    assert len(topics(by_spark)) == 29  # every message but the cancelled one
+    assert read_checkpoint(spark, layout(by_spark))[0].queues == (
+        read_checkpoint(spark, layout(by_driver))[0].queues
+    )
+
+    # The driver dies after the first table's commit of a round, before the second's.
+    more = [Message(t, "x", msg_id=f"x{t}", delay_level=1) for t in ("orders", "audit")]
+    send_many(spark, by_spark, more, clock)
+    Stamper(spark, by_spark, layout(by_spark), clock).run_available()
+    clock.advance(seconds=1)
+    commit = DeltaTopicSink.commit_files
+    calls: list[str] = []
+
+    def dies_after_one(self: DeltaTopicSink, round_: int, table: str, *args: Any) -> None:
+        if calls:
+            raise OSError("the driver died between two commits")
+        calls.append(table)
+        commit(self, round_, table, *args)
+
+    monkeypatch.setattr(DeltaTopicSink, "commit_files", dies_after_one)
+    with pytest.raises(OSError, match="between two commits"):
+        Delivery(spark, by_spark, layout(by_spark), clock).run_round()
+    assert len(topics(by_spark)) == 30  # one of the two tables committed
+    monkeypatch.setattr(DeltaTopicSink, "commit_files", commit)
+    replay = Delivery(spark, by_spark, layout(by_spark), clock).run_round()
+    assert replay.replayed and replay.where == "executors"
+    assert_exactly_once_never_early(
+        delivered_rows(spark, by_spark),
+        [f"m{i}" for i in range(30) if i != 6] + ["xorders", "xaudit"],
+    )
 
 
 def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_hears(

@@ -18,6 +18,8 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 | ``query-written``| the stamping query's batch is written, Spark's commit log not yet  |
 | ``tasks-written``| Spark tasks wrote a stamping batch's files, the driver has not     |
 |                | committed them (``stamp.driver_batch_bytes = 0``, or a large batch)  |
+| ``round-tasks-written``| Spark tasks wrote a round's topic files, its plan is in the  |
+|                | delayOffset log, no table committed (``delivery.driver_round_rows = 0``)|
 
 The crash points wrap the engine's classes from here, so production code has no hooks. The
 last line it prints says where it died (``SIGKILL at topic-staged round 7 table t1``; a
@@ -52,6 +54,7 @@ POINTS = (
     "query-planned",
     "query-written",
     "tasks-written",
+    "round-tasks-written",
 )
 
 
@@ -135,6 +138,14 @@ def arm(point: str, nth: int) -> None:
             reached(stamp_batch=batch.batch)  # (the stamping batch, not Spark's id)
         return adopt_files(self, batch, adds, *args)
 
+    commit_files = DeltaTopicSink.commit_files
+
+    def commit_written(self: DeltaTopicSink, round_: int, table: str, *args: Any) -> None:
+        if point == "round-tasks-written":
+            reached(round=round_, table=table)
+        commit_files(self, round_, table, *args)
+
+    DeltaTopicSink.commit_files = commit_written  # type: ignore[method-assign]
     StampQuery._run = run_query_batch  # type: ignore[method-assign]
     StampWriter.adopt = adopt_written  # type: ignore[method-assign]
     DeltaTopicSink.stage = stage_topic  # type: ignore[method-assign]
