@@ -45,22 +45,40 @@ WINDOW_STATS = ("deliver_ts", "stamp_batch")
 @dataclass(frozen=True)
 class Window:
     """The bounds of one round: ``(after, until]`` in deliver time, and stamping batches
-    above ``stamped_after``."""
+    above ``stamped_after``; with ``batches`` ``(low, high)``, only the rows stamped in
+    batches above ``low`` and up to ``high`` (``None``: no bound), for a round whose rows are
+    written in parts (:mod:`engine.deliver.ahead`)."""
 
     after: datetime
     until: datetime
     stamped_after: int
+    batches: tuple[int | None, int | None] | None = None
 
     def due(self) -> ds.Expression:
         """Rows this round delivers (before cancels and reschedules take theirs out)."""
         deliver, batch = ds.field("deliver_ts"), ds.field("stamp_batch")
         until, after = pa.scalar(self.until, TS), pa.scalar(self.after, TS)
-        return (deliver <= until) & ((deliver > after) | (batch > self.stamped_after))
+        due = (deliver <= until) & ((deliver > after) | (batch > self.stamped_after))
+        low, high = self.batches or (None, None)
+        if low is not None:
+            due = due & (batch > low)
+        if high is not None:
+            due = due & (batch <= high)
+        return due
 
     def may_hold(self, f: DataFile) -> bool:
         """Whether a ``schedule`` file's statistics allow rows :meth:`due` or
         :meth:`new_not_due` would read (unknown statistics allow anything)."""
         low, high, top = f.min("deliver_ts"), f.max("deliver_ts"), f.max("stamp_batch")
+        if self.batches is not None:
+            # (rows not due yet count only above stamped_after, which is at least ``low``
+            # where a round has a bound; a window with ``high`` has no such rows)
+            above, upto = self.batches
+            bottom = f.min("stamp_batch")
+            if (above is not None and top is not None and top <= above) or (
+                upto is not None and bottom is not None and bottom > upto
+            ):
+                return False
         until, after = to_micros(self.until), to_micros(self.after)
         stamped = top is None or top > self.stamped_after
         due = (low is None or low <= until) and (high is None or high > after or stamped)

@@ -47,6 +47,7 @@ import statistics
 import time
 from collections import Counter, deque
 from collections.abc import Callable, Mapping
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -56,9 +57,10 @@ import pyarrow.dataset as ds
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from engine.core.clock import Clock, from_millis, to_micros
+from engine.core.clock import Clock, from_micros, from_millis, to_micros
 from engine.core.config import EngineConfig
 from engine.core.errors import RetryableError
+from engine.deliver.ahead import SOONEST_S, Ahead, ahead_round, mass_due
 from engine.deliver.checkpoint import (
     RETAIN_ROUNDS,
     Plan,
@@ -93,14 +95,14 @@ from engine.deliver.due import (
     topic_tables,
 )
 from engine.deliver.lateness import Lateness
-from engine.deliver.sinks import SinkFactory, Sinks, SinkSet
-from engine.deliver.tasks import RoundJob, Written, deliver_on_executors
+from engine.deliver.sinks import DeltaTopicSink, SinkFactory, Sinks, SinkSet
+from engine.deliver.tasks import RoundJob, Written, deliver_on_executors, merged
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.lease import unfenced
 from engine.lakehouse.live_files import LiveFiles
-from engine.lakehouse.log_append import FileLayout
+from engine.lakehouse.log_append import FileLayout, write_files
 from engine.lakehouse.offset_log import OffsetLog
 from engine.lakehouse.storage import carried
 from schemas import TOPIC
@@ -113,6 +115,11 @@ LEAD_ROUNDS = 5
 _NO_ROWS = pa.table({"deliver_ts": pa.array([], TS)})
 #: The layout of a topic table as delayq creates it (what tasks assume of a new one).
 _TOPIC_ARROW = to_arrow_schema(TOPIC, timezone="UTC")
+#: A stamping batch above any (a window of every row due in it, whenever stamped).
+_NO_BATCH = 2**62
+#: A round written ahead whose instant is this long gone is dropped (its rows would say they
+#: were delivered at the instant).
+AHEAD_STALE_S = 1.0
 #: Longest sleep while a round planned ahead waits for its watermark.
 WAIT_STEP_S = 0.05
 #: How much longer than the time it was away a round waits for its watermark.
@@ -140,8 +147,9 @@ class RoundResult:
             (progress).
         lateness: how late the delivered rows were (``delivered_ts - deliver_ts``).
         commands: command outcomes the round decided, per result (``cancelled``, ...).
-        where: ``driver`` (the round's rows were read and written here) or ``executors``
-            (by Spark tasks, :mod:`engine.deliver.tasks`).
+        where: ``driver`` (the round's rows were read and written here), ``executors``
+            (by Spark tasks, :mod:`engine.deliver.tasks`) or ``ahead`` (by Spark tasks before
+            its instant, :mod:`engine.deliver.ahead`).
     """
 
     round: int
@@ -215,6 +223,8 @@ class Delivery:
         self._sent_ids: set[str] = set()  # commands' ids known to be in commitlog
         self._any_removed = True  # until open() looks
         self._opened = False
+        self._ahead: Ahead | None = None  # a round written ahead (engine.deliver.ahead)
+        self._ahead_pool: ThreadPoolExecutor | None = None
 
     def open(self) -> Delivery:
         """Load the committed progress and an interrupted round's plan; returns ``self``."""
@@ -249,6 +259,10 @@ class Delivery:
 
     def close(self) -> None:
         """Close what the sinks hold open (Kafka producers); a later round opens them again."""
+        self._ahead = None
+        if self._ahead_pool is not None:
+            self._ahead_pool.shutdown(wait=False, cancel_futures=True)
+            self._ahead_pool = None
         for sinks in self._sinks.values():
             close = getattr(sinks, "close", None)
             try:
@@ -278,7 +292,7 @@ class Delivery:
         if not self._opened:
             self.open()  # never a round from the placeholder progress
         try:
-            return self._run_round(lead_ms, until)
+            result = self._run_round(lead_ms, until)
         except BaseException:
             # A write may have landed even though the call failed (an object store's
             # rename): reload what is durable, so a round number is never used twice.
@@ -286,6 +300,13 @@ class Delivery:
             self._open_commands = True
             self._last_watermark = from_millis(0)  # its rows may not have been delivered
             raise
+        if result.committed:
+            try:
+                self._look_ahead()
+            except Exception:  # (an optimisation: the rows go the usual way)
+                log.exception("writing a round ahead failed to start")
+                self._ahead = None
+        return result
 
     def _run_round(self, lead_ms: int, until: datetime | None = None) -> RoundResult:
         started = time.monotonic()
@@ -312,13 +333,18 @@ class Delivery:
         if until is not None and not self.pending and plan.watermark > until:
             # (a window never goes back: its rows would be delivered again)
             plan = replace(plan, watermark=max(until, prev.watermark))
+        plan, ahead = self._with_ahead(prev, plan)
         resolution = self._resolve_commands(prev, plan)
+        if resolution is not None:
+            ahead = None  # (its files cannot show what the commands decide: written again)
         self._time("plan")
         window = Window(prev.watermark, plan.watermark, prev.stamp_batch)
         if not window.follows(self._retired):
             self._schedule.reset()  # files retired for a later progress may hold rows
         removed = self._removed(prev, plan, resolution)
-        written = self._on_executors(plan, window, removed)
+        written = None if ahead is None else self._from_ahead(ahead, plan, window, removed)
+        if written is None:
+            written = self._on_executors(plan, window, removed)
         if written is not None:
             found = Candidates(_NO_ROWS, written.summary, written.files, written.rows)
         else:
@@ -329,22 +355,193 @@ class Delivery:
             )
         return self._deliver(prev, plan, resolution, found, replayed, started, written)
 
-    def _on_executors(
-        self, plan: Plan, window: Window, removed: set[tuple[str, int]]
+    # ------------------------------------------------------------- rounds written ahead
+
+    def _look_ahead(self) -> None:
+        """After a committed round: start writing ahead the next mass of rows due at one
+        instant, if there is one (:mod:`engine.deliver.ahead`)."""
+        if self.pending is not None or self._open_commands:
+            return
+        sinks = self._delta_sinks()
+        if sinks is None:
+            return
+        prev = self.progress
+        now = self.clock.now()
+        if self._ahead is not None:
+            self._ahead_layer(sinks.delta, self._ahead, prev, now)
+            return
+        # The latest version, up to the last round's batch: rows rescheduled by that round
+        # (appended after its version, with its batch) are in; later batches are not.
+        version = self._schedule.latest()
+        found = mass_due(
+            self._schedule.files(version),
+            now_us=to_micros(now),
+            rows_over=self.cfg.deliver_driver_rows,
+        )
+        if found is None:
+            return
+        after, until = from_micros(found[0]), from_micros(found[1])
+        number = ahead_round(prev.round, until, now, self.cfg.poll_interval_ms)
+        # every row due in (after, until] stamped up to the last round's batch
+        window = Window(after, until, _NO_BATCH, batches=(None, prev.stamp_batch))
+        job = self._round_job(
+            sinks.delta, version, window, number, until, self._removed_after(number, after)
+        )
+        if job is None:
+            return
+        if self._ahead_pool is None:
+            self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="delayq-ahead")
+        self._ahead = Ahead(
+            after=after,
+            until=until,
+            round=number,
+            schedule_version=version,
+            batch=prev.stamp_batch,
+            commands_version=self._commands.latest(),
+            results_version=self._results.latest(),
+            jobs=(self._ahead_pool.submit(deliver_on_executors, self.spark, job),),
+        )
+        log.info(
+            "writing ahead round %d: %s rows due at %s", number,
+            sum(p.rows for p in job.parts), until.isoformat(),
+        )  # fmt: skip
+
+    def _ahead_layer(
+        self, topics: DeltaTopicSink, ahead: Ahead, prev: Progress, now: datetime
+    ) -> None:
+        """Write ahead the rows of a round written ahead that were stamped since, when they
+        are many and its instant is not near (a mass stamped in several batches)."""
+        if (
+            ahead.until - now < timedelta(seconds=SOONEST_S)
+            or prev.stamp_batch <= ahead.batch
+            or ahead.failed()
+        ):
+            return
+        version = self._schedule.latest()
+        window = Window(
+            ahead.after, ahead.until, _NO_BATCH, batches=(ahead.batch, prev.stamp_batch)
+        )
+        parts = self._schedule.parts(version, keep=window.may_hold)
+        if sum(p.rows for p in parts) <= self.cfg.deliver_driver_rows:
+            return  # (few: the round writes them itself)
+        job = self._round_job(
+            topics, version, window, ahead.round, ahead.until,
+            self._removed_after(ahead.round, ahead.after),
+        )  # fmt: skip
+        if job is None or self._ahead_pool is None:
+            return
+        self._ahead = dataclasses.replace(
+            ahead,
+            schedule_version=version,
+            batch=prev.stamp_batch,
+            jobs=(*ahead.jobs, self._ahead_pool.submit(deliver_on_executors, self.spark, job)),
+        )
+
+    def _with_ahead(self, prev: Progress, plan: Plan) -> tuple[Plan, Ahead | None]:
+        """The round's plan with a round written ahead in view: up to its start at most
+        while its instant is not in reach, then the round itself (with the written round's
+        number and instant). The written round is dropped when it may no longer hold the
+        rows its window will."""
+        ahead = self._ahead
+        if ahead is None or self.pending is not None:
+            return plan, None
+        if not self._ahead_holds(prev, plan, ahead):
+            log.info("round %d written ahead is dropped; its rows go the usual way", ahead.round)
+            self._ahead = None
+            return plan, None
+        if plan.watermark <= ahead.after:
+            return plan, None
+        if prev.watermark < ahead.after or plan.watermark < ahead.until:
+            return replace(plan, watermark=ahead.after), None  # up to its start first
+        self._ahead = None
+        # Its jobs may still run: wait as long as its rows could still be shown as delivered
+        # at its instant, not longer (the rows then go the usual way).
+        left = ahead.until + timedelta(seconds=AHEAD_STALE_S) - self.clock.now()
+        done, running = futures.wait(ahead.jobs, timeout=max(0.0, left.total_seconds()))
+        failed = [j.exception() for j in done if j.exception() is not None]
+        if running or failed:
+            why = f"failed ({failed[0]})" if failed else "not written in time"
+            log.warning("round %d written ahead %s; its rows go the usual way", ahead.round, why)
+            return plan, None
+        return replace(plan, round=ahead.round, watermark=ahead.until), ahead
+
+    def _ahead_holds(self, prev: Progress, plan: Plan, ahead: Ahead) -> bool:
+        """Whether a round written ahead still holds what its window will (no command since
+        or to decide, no round number or progress past it, its instant not long gone)."""
+        return not (
+            ahead.failed()
+            or self._commands_to_decide(prev, plan)
+            or prev.round >= ahead.round
+            or prev.watermark > ahead.after
+            or self._open_commands
+            or self._commands.latest() != ahead.commands_version
+            or self._results.latest() != ahead.results_version
+            or self.clock.now() - ahead.until > timedelta(seconds=AHEAD_STALE_S)
+        )
+
+    def _from_ahead(
+        self, ahead: Ahead, plan: Plan, window: Window, removed: set[tuple[str, int]]
     ) -> Written | None:
-        """A large round's scan and topic files, by Spark tasks (:mod:`engine.deliver.tasks`);
-        ``None`` when the round runs on the driver: ``delivery.mode`` is ``driver``, the
-        window holds at most ``delivery.driver_round_rows`` rows, a topic goes to Kafka, or
-        a topic table takes no files written elsewhere."""
+        """The written round, with the rows of its window stamped since (written here);
+        ``None`` when a table's layout changed meanwhile (the round then goes as usual)."""
+        written = ahead.written()
+        sinks = self._delta_sinks()
+        if sinks is None:
+            return None
+        topics = sinks.delta
+        for table in sorted(written.adds):  # (a table changed meanwhile: written again)
+            if topics.file_layout(table) != written.layouts[table]:
+                return None
+        later = dataclasses.replace(window, batches=(ahead.batch, None))
+        extra = read_candidates(
+            self._schedule.dataset(plan.schedule_version, keep=later.may_hold), later, removed
+        )
+        tables = topic_tables(to_topic_rows(extra.deliver, ahead.until, plan.round))
+        for table, rows in tables.items():
+            layout = written.layouts.get(table) or topics.file_layout(table)
+            if layout is None:
+                return None
+            written.adds.setdefault(table, []).extend(write_files(layout, rows))
+            written.counts[table] = written.counts.get(table, 0) + rows.num_rows
+            written.layouts[table] = layout
+        written.summary = merged(written.summary + extra.summary)
+        written.files += extra.files
+        written.rows += extra.rows
+        written.lateness += Lateness.of(extra.deliver["deliver_ts"], ahead.until)
+        written.ahead = True
+        return written
+
+    def _removed_after(self, round_: int, after: datetime) -> set[tuple[str, int]]:
+        """Rows rounds before ``round_`` took out of delivery, among those due after
+        ``after``."""
+        version = self._results.latest() if self._any_removed else -1
+        if version < 0:
+            return set()
+        return removed_marks(self._results.dataset(version), round_, after, REMOVING)
+
+    # ------------------------------------------------------------- rounds by Spark tasks
+
+    def _delta_sinks(self) -> Sinks | None:
+        """The sinks, when Spark tasks may write the topic files (``delivery.mode`` is
+        ``streaming``, every topic goes to Delta only)."""
         if self.cfg.delivery_mode != "streaming":
             return None
         sinks = self.sinks()
         if not isinstance(sinks, Sinks) or not sinks.delta_only():
             return None
-        parts = self._schedule.parts(plan.schedule_version, keep=window.may_hold)
-        if not parts or sum(p.rows for p in parts) <= self.cfg.deliver_driver_rows:
-            return None
-        topics = sinks.delta
+        return sinks
+
+    def _round_job(
+        self,
+        topics: DeltaTopicSink,
+        version: int,
+        window: Window,
+        round_: int,
+        delivered_ts: datetime,
+        removed: set[tuple[str, int]],
+    ) -> RoundJob | None:
+        """What the tasks of a round need; ``None`` when a known topic table takes no files
+        written elsewhere."""
         known: dict[str, FileLayout] = {}
         for table in topics.known():
             found = topics.file_layout(table)
@@ -352,21 +549,43 @@ class Delivery:
                 return None
             known[table] = found
         template = next(iter(known.values()), None) or FileLayout("", _TOPIC_ARROW, ())
-        job = RoundJob(
+        return RoundJob(
             schedule=self.layout.schedule,
-            schema=self._schedule.schema(plan.schedule_version),
-            parts=parts,
+            schema=self._schedule.schema(version),
+            parts=self._schedule.parts(version, keep=window.may_hold),
             window=window,
             removed=frozenset(removed),
-            # (rows are shown at the watermark or later: a round planned ahead commits then)
-            delivered_ts=max(self.clock.now(), plan.watermark),
-            round=plan.round,
+            delivered_ts=delivered_ts,
+            round=round_,
             layouts=known,
             topic_path=self.layout.topic,
             template=template,
             settings=carried(self.layout.schedule),
             tasks=self.spark.sparkContext.defaultParallelism,
         )
+
+    def _on_executors(
+        self, plan: Plan, window: Window, removed: set[tuple[str, int]]
+    ) -> Written | None:
+        """A large round's scan and topic files, by Spark tasks (:mod:`engine.deliver.tasks`);
+        ``None`` when the round runs on the driver: ``delivery.mode`` is ``driver``, the
+        window holds at most ``delivery.driver_round_rows`` rows, a topic goes to Kafka, or
+        a topic table takes no files written elsewhere."""
+        sinks = self._delta_sinks()
+        if sinks is None:
+            return None
+        parts = self._schedule.parts(plan.schedule_version, keep=window.may_hold)
+        if not parts or sum(p.rows for p in parts) <= self.cfg.deliver_driver_rows:
+            return None
+        topics = sinks.delta
+        # (rows are shown at the watermark or later: a round planned ahead commits then)
+        delivered_ts = max(self.clock.now(), plan.watermark)
+        job = self._round_job(
+            topics, plan.schedule_version, window, plan.round, delivered_ts, removed
+        )
+        if job is None:
+            return None
+        known = dict(job.layouts)
         written = deliver_on_executors(self.spark, job)
         wrong: set[str] = set()
         for table in sorted(written.guessed):
@@ -407,7 +626,13 @@ class Delivery:
             flush_due = (time.monotonic() - self._last_commit) * 1000 >= (
                 self.cfg.checkpoint_flush_ms
             )
-            if high_batch == prev.stamp_batch and not flush_due:
+            # (progress up to a round written ahead is recorded: that round follows it)
+            reach = (
+                self._ahead is not None
+                and plan.watermark == self._ahead.after
+                and prev.watermark < self._ahead.after
+            )
+            if high_batch == prev.stamp_batch and not flush_due and not reach:
                 return self._result(prev.round, plan, {}, False, False, started, found)
         self.fence()  # raises once another engine has taken the lakehouse over
         if not replayed:
@@ -438,7 +663,7 @@ class Delivery:
         self._time("commit")
         return self._result(
             plan.round, plan, per_topic, True, replayed, started, found, lateness, resolution,
-            where="driver" if written is None else "executors",
+            where="driver" if written is None else "ahead" if written.ahead else "executors",
         )  # fmt: skip
 
     # ------------------------------------------------------------- cancel / reschedule
@@ -577,7 +802,7 @@ class Delivery:
         tables = sorted(t for t, n in written.counts.items() if n)
         todo = [t for t in tables if not (replayed and topics.written(plan.round, t))]
         self._time("files")
-        if tables:
+        if tables and not written.ahead:  # (written ahead: no measure of a round's files)
             self._preps.append(time.monotonic() - started)
         self._wait_until(plan.watermark)
         self._time("wait")

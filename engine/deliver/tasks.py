@@ -112,6 +112,7 @@ class Written:
         counts: per topic table, the rows its files hold.
         layouts: per topic table, the layout its files were written for.
         guessed: tables written with the template's layout (to check before a commit).
+        ahead: written ahead of the round's instant (:mod:`engine.deliver.ahead`).
     """
 
     summary: list[dict[str, Any]]
@@ -122,6 +123,23 @@ class Written:
     counts: dict[str, int] = field(default_factory=dict)
     layouts: dict[str, FileLayout] = field(default_factory=dict)
     guessed: set[str] = field(default_factory=set)
+    ahead: bool = False
+
+    def absorb(self, other: Written) -> None:
+        """Add another pass's rows (other rows of the same round) to this one's.
+
+        Example:
+            >>> first.absorb(second)  # doctest: +SKIP
+        """
+        for table, adds in other.adds.items():
+            self.adds.setdefault(table, []).extend(adds)
+            self.counts[table] = self.counts.get(table, 0) + other.counts.get(table, 0)
+            self.layouts.setdefault(table, other.layouts[table])
+        self.guessed |= other.guessed
+        self.summary = merged(self.summary + other.summary)
+        self.files += other.files
+        self.rows += other.rows
+        self.lateness += other.lateness
 
     def redo(self, again: Written, tables: set[str]) -> None:
         """Take ``tables``' files from a second pass (``again``) instead of the first's."""

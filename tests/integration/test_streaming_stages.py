@@ -296,6 +296,68 @@ def test_executors_deliver_rounds_as_the_driver_path_does_and_a_replay_commits_t
     )
 
 
+def test_a_mass_due_at_one_instant_is_written_ahead_and_shown_at_it_a_cancel_rewrites_it(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    """With ``delivery.mode = streaming``, 40 rows due at one instant 20 s ahead (over
+    ``delivery.driver_round_rows = 30``) are written ahead by Spark tasks: the rounds before
+    stop short of the instant, and the round at it shows them, 40 more written ahead as a
+    second layer and a row stamped since (written by the driver), with
+    its number ahead of the rounds between, never before the instant. A cancel sent while a
+    second mass is written ahead drops that round; once the cancel is decided the mass is
+    written ahead again, without the cancelled row."""
+    cfg: EngineConfig = make_cfg(delivery_mode="streaming", deliver_driver_rows=30)
+    lay = layout(cfg)
+    clock = FakeClock(datetime.now(UTC).replace(microsecond=0))
+    ensure_tables(spark, cfg)
+    stamper = Stamper(spark, cfg, lay, clock)
+    delivery = Delivery(spark, cfg, lay, clock)
+    sent: list[str] = []
+
+    def mass(tag: str, at: datetime | None = None) -> datetime:
+        at = at or clock.now() + timedelta(seconds=20)
+        topics = ("orders", "audit")
+        wave = [Message(topics[i % 2], tag, msg_id=f"{tag}{i}", deliver_at=at) for i in range(40)]
+        wave.append(Message("orders", "s", msg_id=f"{tag}-soon", delay_level=1))
+        sent.extend(send_many(spark, cfg, wave, clock))
+        stamper.run_available()
+        return at
+
+    def rounds_until(when: datetime) -> list[RoundResult]:
+        done = []
+        while clock.now() < when:
+            clock.advance(seconds=0.5)
+            stamper.run_available()
+            done.append(delivery.run_round())
+        return done
+
+    at = mass("m")
+    first = delivery.run_round()  # (new rows: committed, then it looks ahead)
+    mass("k", at)  # as many again at the same instant: written ahead as a second layer
+    second = delivery.run_round()
+    late = [Message("audit", "late", msg_id="late", deliver_at=at)]  # stamped since
+    sent.extend(send_many(spark, cfg, late, clock))
+    results = rounds_until(at + timedelta(seconds=1))
+    [ahead] = [r for r in results if r.where == "ahead"]
+    before = [first, second, *results[: results.index(ahead)]]
+    assert ahead.delivered == 81 and ahead.per_topic == {"orders": 40, "audit": 41}
+    assert ahead.watermark == at + timedelta(milliseconds=1)  # (statistics: ms, rounded up)
+    assert all(r.watermark < at for r in before)
+    assert ahead.round > max(r.round for r in before) + 100
+    rows = delivered_rows(spark, cfg)
+    shown = [r for r in rows if r["delivery_round"] == ahead.round]
+    assert {r["delivered_ts"] for r in shown} == {ahead.watermark.replace(tzinfo=None)}
+
+    at = mass("n")
+    delivery.run_round()
+    cancel(spark, cfg, "n3", wait=0, clock=clock)  # while the second mass is written ahead
+    results = rounds_until(at + timedelta(seconds=1))
+    [ahead] = [r for r in results if r.where == "ahead"]  # written again once decided
+    assert ahead.delivered == 39  # (had the first been kept, "n3" would be in a topic)
+    sent.remove("n3")
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), sent)
+
+
 def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_hears(
     spark: SparkSession, make_cfg: Any
 ) -> None:

@@ -14,6 +14,7 @@ import pyarrow.parquet as pq
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
+from engine.deliver.ahead import ahead_round, mass_due
 from engine.deliver.due import (
     WINDOW_STATS,
     Window,
@@ -23,7 +24,7 @@ from engine.deliver.due import (
     topic_tables,
 )
 from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.live_files import LiveFiles
+from engine.lakehouse.live_files import DataFile, LiveFiles
 from schemas import TOPIC, column_names
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)
@@ -271,3 +272,47 @@ def test_topic_tables_give_each_table_arrays_without_an_offset() -> None:
         for maps in table["properties"].chunks:
             assert maps.offset == 0
             pa.ListArray.from_arrays(maps.offsets, maps.values, mask=maps.is_null())
+
+
+def test_a_window_bounded_by_batches_reads_only_those_rows(tmp_path: Path) -> None:
+    """A round written in parts: rows up to a batch ahead, the rows stamped since later;
+    together they are the window's rows, and files outside a part's batches are not read."""
+    schedule = schedule_files(
+        tmp_path / "schedule",
+        [("a", T0 + timedelta(seconds=1), 3), ("b", T0 + timedelta(seconds=1), 4)],
+        [("c", T0 + timedelta(seconds=1), 7), ("d", T0 - timedelta(seconds=1), 7)],
+    )
+    whole = Window(T0, T0 + timedelta(seconds=2), stamped_after=5)
+    ahead = Window(T0, whole.until, stamped_after=2**62, batches=(None, 5))
+    since = Window(T0, whole.until, stamped_after=5, batches=(5, None))
+
+    def ids(window: Window) -> list[str]:
+        files = LiveFiles(str(tmp_path / "schedule"), stats=WINDOW_STATS)
+        found = read_candidates(files.dataset(schedule.latest(), keep=window.may_hold), window)
+        return sorted(found.deliver["msg_id"].to_pylist())
+
+    assert ids(whole) == ["a", "b", "c", "d"]  # ("d": stamped late, due before the window)
+    assert ids(ahead) == ["a", "b"]
+    assert ids(since) == ["c", "d"]
+    live = LiveFiles(str(tmp_path / "schedule"), stats=WINDOW_STATS).files(schedule.latest())
+    assert [f.max("stamp_batch") for f in live if since.may_hold(f)] == [7]
+    assert [f.min("stamp_batch") for f in live if ahead.may_hold(f)] == [3]
+
+
+def test_a_mass_due_at_one_instant_is_found_between_soonest_and_horizon() -> None:
+    def file(low_s: float, high_s: float, rows: int) -> DataFile:
+        bounds = {"deliver_ts": int(low_s * 1e6)}, {"deliver_ts": int(high_s * 1e6)}
+        return DataFile("f", {}, rows, low=bounds[0], high=bounds[1])
+
+    spike = [file(9, 9.001, 50), file(9, 9.001, 50)]
+    others = [
+        file(9, 9.5, 500),  # spread over half a second: not one instant
+        file(3, 3.001, 500),  # too soon to write ahead
+        file(40, 40.001, 500),  # beyond the horizon
+        file(12, 12.001, 80),  # a later, smaller mass
+    ]
+    assert mass_due(spike + others, now_us=0, rows_over=60) == (8_999_999, 9_001_000)
+    assert mass_due(spike + others, now_us=0, rows_over=90) == (8_999_999, 9_001_000)
+    assert mass_due(others, now_us=0, rows_over=60) == (11_999_999, 12_001_000)
+    assert mass_due(spike + others, now_us=0, rows_over=100) is None
+    assert ahead_round(41, T0 + timedelta(seconds=10), T0, 200) == 242
