@@ -47,12 +47,14 @@ class Window:
     """The bounds of one round: ``(after, until]`` in deliver time, and stamping batches
     above ``stamped_after``; with ``batches`` ``(low, high)``, only the rows stamped in
     batches above ``low`` and up to ``high`` (``None``: no bound), for a round whose rows are
-    written in parts (:mod:`engine.deliver.ahead`)."""
+    written in parts (:mod:`engine.deliver.ahead`); with ``written`` ``(start, batch)``, not
+    the rows due after ``start`` stamped up to ``batch`` (written ahead already)."""
 
     after: datetime
     until: datetime
     stamped_after: int
     batches: tuple[int | None, int | None] | None = None
+    written: tuple[datetime, int] | None = None
 
     def due(self) -> ds.Expression:
         """Rows this round delivers (before cancels and reschedules take theirs out)."""
@@ -64,6 +66,9 @@ class Window:
             due = due & (batch > low)
         if high is not None:
             due = due & (batch <= high)
+        if self.written is not None:
+            start, upto = self.written
+            due = due & ~((deliver > pa.scalar(start, TS)) & (batch <= upto))
         return due
 
     def may_hold(self, f: DataFile) -> bool:
@@ -78,6 +83,10 @@ class Window:
             if (above is not None and top is not None and top <= above) or (
                 upto is not None and bottom is not None and bottom > upto
             ):
+                return False
+        if self.written is not None and low is not None and top is not None:
+            start, upto = self.written  # (every row of the file written ahead already?)
+            if low > to_micros(start) and top <= upto <= self.stamped_after:
                 return False
         until, after = to_micros(self.until), to_micros(self.after)
         stamped = top is None or top > self.stamped_after

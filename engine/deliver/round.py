@@ -451,8 +451,8 @@ class Delivery:
             return plan, None
         if plan.watermark <= ahead.after:
             return plan, None
-        if prev.watermark < ahead.after or plan.watermark < ahead.until:
-            return replace(plan, watermark=ahead.after), None  # up to its start first
+        if plan.watermark < ahead.until:
+            return replace(plan, watermark=ahead.after), None  # up to its start meanwhile
         self._ahead = None
         # Its jobs may still run: wait as long as its rows could still be shown as delivered
         # at its instant, not longer (the rows then go the usual way).
@@ -492,7 +492,8 @@ class Delivery:
         for table in sorted(written.adds):  # (a table changed meanwhile: written again)
             if topics.file_layout(table) != written.layouts[table]:
                 return None
-        later = dataclasses.replace(window, batches=(ahead.batch, None))
+        # the window's other rows: due since the last round, or stamped since
+        later = dataclasses.replace(window, written=(ahead.after, ahead.batch))
         extra = read_candidates(
             self._schedule.dataset(plan.schedule_version, keep=later.may_hold), later, removed
         )
@@ -626,13 +627,7 @@ class Delivery:
             flush_due = (time.monotonic() - self._last_commit) * 1000 >= (
                 self.cfg.checkpoint_flush_ms
             )
-            # (progress up to a round written ahead is recorded: that round follows it)
-            reach = (
-                self._ahead is not None
-                and plan.watermark == self._ahead.after
-                and prev.watermark < self._ahead.after
-            )
-            if high_batch == prev.stamp_batch and not flush_due and not reach:
+            if high_batch == prev.stamp_batch and not flush_due:
                 return self._result(prev.round, plan, {}, False, False, started, found)
         self.fence()  # raises once another engine has taken the lakehouse over
         if not replayed:

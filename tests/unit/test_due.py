@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import random
 from datetime import UTC, datetime, timedelta
@@ -274,29 +275,36 @@ def test_topic_tables_give_each_table_arrays_without_an_offset() -> None:
             pa.ListArray.from_arrays(maps.offsets, maps.values, mask=maps.is_null())
 
 
-def test_a_window_bounded_by_batches_reads_only_those_rows(tmp_path: Path) -> None:
-    """A round written in parts: rows up to a batch ahead, the rows stamped since later;
-    together they are the window's rows, and files outside a part's batches are not read."""
+def test_a_round_written_ahead_and_the_rest_of_its_window_make_the_whole_window(
+    tmp_path: Path,
+) -> None:
+    """A round whose rows due after ``X`` stamped up to batch 5 were written ahead (in two
+    layers: up to batch 3, then 4-5): those layers and the rest of its window (due before
+    ``X``, or stamped since) are its rows, each once; files a part cannot hold are skipped."""
+    x = T0
     schedule = schedule_files(
         tmp_path / "schedule",
-        [("a", T0 + timedelta(seconds=1), 3), ("b", T0 + timedelta(seconds=1), 4)],
-        [("c", T0 + timedelta(seconds=1), 7), ("d", T0 - timedelta(seconds=1), 7)],
+        [("a", x + timedelta(seconds=1), 3), ("b", x + timedelta(seconds=1), 4)],
+        [("c", x + timedelta(seconds=1), 7), ("d", x - timedelta(seconds=1), 7)],
+        [("e", x - timedelta(milliseconds=200), 4)],
     )
-    whole = Window(T0, T0 + timedelta(seconds=2), stamped_after=5)
-    ahead = Window(T0, whole.until, stamped_after=2**62, batches=(None, 5))
-    since = Window(T0, whole.until, stamped_after=5, batches=(5, None))
+    whole = Window(x - timedelta(milliseconds=500), x + timedelta(seconds=2), stamped_after=5)
+    first = Window(x, whole.until, stamped_after=2**62, batches=(None, 3))
+    layer = Window(x, whole.until, stamped_after=2**62, batches=(3, 5))
+    rest = dataclasses.replace(whole, written=(x, 5))
+    live = LiveFiles(str(tmp_path / "schedule"), stats=WINDOW_STATS)
 
     def ids(window: Window) -> list[str]:
-        files = LiveFiles(str(tmp_path / "schedule"), stats=WINDOW_STATS)
-        found = read_candidates(files.dataset(schedule.latest(), keep=window.may_hold), window)
+        found = read_candidates(live.dataset(schedule.latest(), keep=window.may_hold), window)
         return sorted(found.deliver["msg_id"].to_pylist())
 
-    assert ids(whole) == ["a", "b", "c", "d"]  # ("d": stamped late, due before the window)
-    assert ids(ahead) == ["a", "b"]
-    assert ids(since) == ["c", "d"]
-    live = LiveFiles(str(tmp_path / "schedule"), stats=WINDOW_STATS).files(schedule.latest())
-    assert [f.max("stamp_batch") for f in live if since.may_hold(f)] == [7]
-    assert [f.min("stamp_batch") for f in live if ahead.may_hold(f)] == [3]
+    assert ids(whole) == ["a", "b", "c", "d", "e"]  # ("d": stamped late, due long before)
+    assert ids(first) == ["a"]
+    assert ids(layer) == ["b"]
+    assert ids(rest) == ["c", "d", "e"]
+    files = live.files(schedule.latest())
+    assert sorted(f.max("stamp_batch") for f in files if rest.may_hold(f)) == [4, 7]
+    assert [f.min("stamp_batch") for f in files if first.may_hold(f)] == [3]
 
 
 def test_a_mass_due_at_one_instant_is_found_between_soonest_and_horizon() -> None:
