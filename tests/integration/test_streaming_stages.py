@@ -297,7 +297,7 @@ def test_executors_deliver_rounds_as_the_driver_path_does_and_a_replay_commits_t
 
 
 def test_a_mass_due_at_one_instant_is_written_ahead_and_shown_at_it_a_cancel_rewrites_it(
-    spark: SparkSession, make_cfg: Any
+    spark: SparkSession, make_cfg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With ``delivery.mode = streaming``, 40 rows due at one instant 20 s ahead (over
     ``delivery.driver_round_rows = 30``) are written ahead by Spark tasks: the rounds before
@@ -305,7 +305,8 @@ def test_a_mass_due_at_one_instant_is_written_ahead_and_shown_at_it_a_cancel_rew
     second layer and a row stamped since (written by the driver), with
     its number ahead of the rounds between, never before the instant. A cancel sent while a
     second mass is written ahead drops that round; once the cancel is decided the mass is
-    written ahead again, without the cancelled row."""
+    written ahead again, without the cancelled row; the driver dies between that round's two
+    commits, and the restarted engine replays the rest of it once."""
     cfg: EngineConfig = make_cfg(delivery_mode="streaming", deliver_driver_rows=30)
     lay = layout(cfg)
     clock = FakeClock(datetime.now(UTC).replace(microsecond=0))
@@ -351,9 +352,23 @@ def test_a_mass_due_at_one_instant_is_written_ahead_and_shown_at_it_a_cancel_rew
     at = mass("n")
     delivery.run_round()
     cancel(spark, cfg, "n3", wait=0, clock=clock)  # while the second mass is written ahead
-    results = rounds_until(at + timedelta(seconds=1))
-    [ahead] = [r for r in results if r.where == "ahead"]  # written again once decided
-    assert ahead.delivered == 39  # (had the first been kept, "n3" would be in a topic)
+    commit = DeltaTopicSink.commit_files
+
+    def dies_at_the_instant(self: DeltaTopicSink, round_: int, table: str, *args: Any) -> None:
+        if table == "orders" and round_ > ahead.round + 100:  # (the round written ahead)
+            raise OSError("the driver died between two commits")
+        commit(self, round_, table, *args)
+
+    monkeypatch.setattr(DeltaTopicSink, "commit_files", dies_at_the_instant)
+    with pytest.raises(OSError, match="between two commits"):
+        rounds_until(at + timedelta(seconds=1))
+    died = delivery.pending
+    assert died is not None and died.watermark == at + timedelta(milliseconds=1)
+    monkeypatch.setattr(DeltaTopicSink, "commit_files", commit)
+    delivery = Delivery(spark, cfg, lay, clock)  # a restart: the plan is replayed
+    replay = delivery.run_round()
+    assert replay.replayed and replay.round == died.round
+    assert replay.delivered == 39  # the round's rows ("n3" was cancelled), each table once
     sent.remove("n3")
     assert_exactly_once_never_early(delivered_rows(spark, cfg), sent)
 
