@@ -74,8 +74,13 @@ class Ahead:
     jobs: tuple[Future[Written], ...]
 
     def failed(self) -> bool:
-        """Whether a job of it failed."""
-        return any(j.done() and j.exception() is not None for j in self.jobs)
+        """Whether a job of it failed (or was cancelled)."""
+        return any(j.done() and (j.cancelled() or j.exception() is not None) for j in self.jobs)
+
+    @property
+    def job_group(self) -> str:
+        """The Spark job group its jobs run in (cancelled with it)."""
+        return job_group(self.round)
 
     def written(self) -> Written:
         """Every job's files and summary as one, new at each call (waits for the jobs).
@@ -129,6 +134,16 @@ def mass_due(
     return None
 
 
+def job_group(round_: int) -> str:
+    """The Spark job group of a round written ahead.
+
+    Example:
+        >>> job_group(303)
+        'delayq-ahead-303'
+    """
+    return f"delayq-ahead-{round_}"
+
+
 def ahead_round(last: int, until: datetime, now: datetime, poll_ms: int) -> int:
     """The number of a round written ahead for ``until``: above any round the running engine
     can commit before it (twice one a poll interval, and 100 more).
@@ -143,4 +158,12 @@ def ahead_round(last: int, until: datetime, now: datetime, poll_ms: int) -> int:
     return last + 2 * math.ceil(seconds * 1000 / max(1, poll_ms)) + 101
 
 
-__all__ = ["HORIZON_S", "SOONEST_S", "SPREAD_US", "Ahead", "ahead_round", "mass_due"]
+__all__ = [
+    "HORIZON_S",
+    "SOONEST_S",
+    "SPREAD_US",
+    "Ahead",
+    "ahead_round",
+    "job_group",
+    "mass_due",
+]

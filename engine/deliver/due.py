@@ -66,9 +66,9 @@ class Window:
             due = due & (batch > low)
         if high is not None:
             due = due & (batch <= high)
-        if self.written is not None:
+        if self.written is not None:  # (a row without a batch was not written ahead)
             start, upto = self.written
-            due = due & ~((deliver > pa.scalar(start, TS)) & (batch <= upto))
+            due = due & ~((deliver > pa.scalar(start, TS)) & batch.is_valid() & (batch <= upto))
         return due
 
     def may_hold(self, f: DataFile) -> bool:

@@ -60,7 +60,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from engine.core.clock import Clock, from_micros, from_millis, to_micros
 from engine.core.config import EngineConfig
 from engine.core.errors import RetryableError
-from engine.deliver.ahead import SOONEST_S, Ahead, ahead_round, mass_due
+from engine.deliver.ahead import SOONEST_S, Ahead, ahead_round, job_group, mass_due
 from engine.deliver.checkpoint import (
     RETAIN_ROUNDS,
     Plan,
@@ -96,7 +96,13 @@ from engine.deliver.due import (
 )
 from engine.deliver.lateness import Lateness
 from engine.deliver.sinks import DeltaTopicSink, SinkFactory, Sinks, SinkSet
-from engine.deliver.tasks import RoundJob, Written, deliver_on_executors, merged
+from engine.deliver.tasks import (
+    RoundJob,
+    Written,
+    deliver_in_group,
+    deliver_on_executors,
+    merged,
+)
 from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.delta_log import Txn, VersionTracker
 from engine.lakehouse.layout import Layout
@@ -259,7 +265,7 @@ class Delivery:
 
     def close(self) -> None:
         """Close what the sinks hold open (Kafka producers); a later round opens them again."""
-        self._ahead = None
+        self._drop_ahead()
         if self._ahead_pool is not None:
             self._ahead_pool.shutdown(wait=False, cancel_futures=True)
             self._ahead_pool = None
@@ -360,7 +366,11 @@ class Delivery:
     def _look_ahead(self) -> None:
         """After a committed round: start writing ahead the next mass of rows due at one
         instant, if there is one (:mod:`engine.deliver.ahead`)."""
-        if self.pending is not None or self._open_commands:
+        if (
+            self.pending is not None
+            or self._open_commands
+            or self._commands.latest() > self.progress.commands_version  # (one to decide)
+        ):
             return
         sinks = self._delta_sinks()
         if sinks is None:
@@ -391,6 +401,7 @@ class Delivery:
             return
         if self._ahead_pool is None:
             self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="delayq-ahead")
+        group = job_group(number)
         self._ahead = Ahead(
             after=after,
             until=until,
@@ -399,7 +410,7 @@ class Delivery:
             batch=prev.stamp_batch,
             commands_version=self._commands.latest(),
             results_version=self._results.latest(),
-            jobs=(self._ahead_pool.submit(deliver_on_executors, self.spark, job),),
+            jobs=(self._ahead_pool.submit(deliver_in_group, self.spark, job, group),),
         )
         log.info(
             "writing ahead round %d: %s rows due at %s", number,
@@ -434,7 +445,10 @@ class Delivery:
             ahead,
             schedule_version=version,
             batch=prev.stamp_batch,
-            jobs=(*ahead.jobs, self._ahead_pool.submit(deliver_on_executors, self.spark, job)),
+            jobs=(
+                *ahead.jobs,
+                self._ahead_pool.submit(deliver_in_group, self.spark, job, ahead.job_group),
+            ),
         )
 
     def _with_ahead(self, prev: Progress, plan: Plan) -> tuple[Plan, Ahead | None]:
@@ -447,7 +461,7 @@ class Delivery:
             return plan, None
         if not self._ahead_holds(prev, plan, ahead):
             log.info("round %d written ahead is dropped; its rows go the usual way", ahead.round)
-            self._ahead = None
+            self._drop_ahead()
             return plan, None
         if plan.watermark <= ahead.after:
             return plan, None
@@ -458,10 +472,12 @@ class Delivery:
         # at its instant, not longer (the rows then go the usual way).
         left = ahead.until + timedelta(seconds=AHEAD_STALE_S) - self.clock.now()
         done, running = futures.wait(ahead.jobs, timeout=max(0.0, left.total_seconds()))
-        failed = [j.exception() for j in done if j.exception() is not None]
-        if running or failed:
+        failed = [j.exception() for j in done if not j.cancelled() and j.exception() is not None]
+        if running or failed or ahead.failed():
             why = f"failed ({failed[0]})" if failed else "not written in time"
             log.warning("round %d written ahead %s; its rows go the usual way", ahead.round, why)
+            self._ahead = ahead
+            self._drop_ahead()  # (its jobs stop: they would hold the cores the rows need now)
             return plan, None
         return replace(plan, round=ahead.round, watermark=ahead.until), ahead
 
@@ -489,6 +505,8 @@ class Delivery:
         if sinks is None:
             return None
         topics = sinks.delta
+        if written.mixed:
+            return None
         for table in sorted(written.adds):  # (a table changed meanwhile: written again)
             if topics.file_layout(table) != written.layouts[table]:
                 return None
@@ -510,7 +528,20 @@ class Delivery:
         written.rows += extra.rows
         written.lateness += Lateness.of(extra.deliver["deliver_ts"], ahead.until)
         written.ahead = True
+        if self.clock.now() - ahead.until > timedelta(seconds=AHEAD_STALE_S):
+            return None  # (its rows would say they were delivered at the instant)
         return written
+
+    def _drop_ahead(self) -> None:
+        """Forget the round written ahead, and stop its Spark jobs (its files stay unseen)."""
+        ahead, self._ahead = self._ahead, None
+        if ahead is not None and not all(j.done() for j in ahead.jobs):
+            for job in ahead.jobs:
+                job.cancel()
+            try:
+                self.spark.sparkContext.cancelJobGroup(ahead.job_group)
+            except Exception as err:  # (a stopped session: its jobs are gone with it)
+                log.warning("could not stop the jobs of round %d: %s", ahead.round, err)
 
     def _removed_after(self, round_: int, after: datetime) -> set[tuple[str, int]]:
         """Rows rounds before ``round_`` took out of delivery, among those due after

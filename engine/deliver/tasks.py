@@ -113,6 +113,7 @@ class Written:
         layouts: per topic table, the layout its files were written for.
         guessed: tables written with the template's layout (to check before a commit).
         ahead: written ahead of the round's instant (:mod:`engine.deliver.ahead`).
+        mixed: tables whose passes were written for different layouts.
     """
 
     summary: list[dict[str, Any]]
@@ -124,6 +125,7 @@ class Written:
     layouts: dict[str, FileLayout] = field(default_factory=dict)
     guessed: set[str] = field(default_factory=set)
     ahead: bool = False
+    mixed: set[str] = field(default_factory=set)
 
     def absorb(self, other: Written) -> None:
         """Add another pass's rows (other rows of the same round) to this one's.
@@ -134,7 +136,8 @@ class Written:
         for table, adds in other.adds.items():
             self.adds.setdefault(table, []).extend(adds)
             self.counts[table] = self.counts.get(table, 0) + other.counts.get(table, 0)
-            self.layouts.setdefault(table, other.layouts[table])
+            if self.layouts.setdefault(table, other.layouts[table]) != other.layouts[table]:
+                self.mixed.add(table)  # (its files cannot go in one commit)
         self.guessed |= other.guessed
         self.summary = merged(self.summary + other.summary)
         self.files += other.files
@@ -148,6 +151,20 @@ class Written:
             self.counts[table] = again.counts.get(table, 0)
             self.layouts[table] = again.layouts[table]
             self.guessed.discard(table)
+
+
+def deliver_in_group(spark: SparkSession, job: RoundJob, group: str) -> Written:
+    """:func:`deliver_on_executors` in Spark job group ``group`` (cancelled with
+    ``cancelJobGroup``), from a thread of its own.
+
+    Example:
+        >>> pool.submit(deliver_in_group, spark, job, "delayq-ahead-7")  # doctest: +SKIP
+    """
+    spark.sparkContext.setJobGroup(group, "delayq: a round written ahead", interruptOnCancel=True)
+    try:
+        return deliver_on_executors(spark, job)
+    finally:
+        spark.sparkContext.setLocalProperty("spark.jobGroup.id", None)  # type: ignore[arg-type]
 
 
 def deliver_on_executors(spark: SparkSession, job: RoundJob) -> Written:
@@ -251,4 +268,4 @@ def _deliver_group(job: RoundJob, parts: list[Part]) -> dict[str, Any]:
     }
 
 
-__all__ = ["RoundJob", "Written", "deliver_on_executors", "merged"]
+__all__ = ["RoundJob", "Written", "deliver_in_group", "deliver_on_executors", "merged"]
