@@ -55,7 +55,6 @@ class Ahead:
         after: the window's start ``X`` (the rounds before it stop there).
         until: its instant ``T``: the round's watermark and its rows' ``delivered_ts``.
         round: the round's number.
-        schedule_version: the latest ``schedule`` version the tasks read.
         batch: the highest stamping batch in that version (rows stamped since are the
             round's extra rows, written on the driver).
         commands_version: the ``commands`` version then (a later one drops the round).
@@ -67,7 +66,6 @@ class Ahead:
     after: datetime
     until: datetime
     round: int
-    schedule_version: int
     batch: int
     commands_version: int
     results_version: int

@@ -366,14 +366,13 @@ class Delivery:
     def _look_ahead(self) -> None:
         """After a committed round: start writing ahead the next mass of rows due at one
         instant, if there is one (:mod:`engine.deliver.ahead`)."""
+        sinks = self._delta_sinks()  # (first: the driver mode pays nothing more per round)
         if (
-            self.pending is not None
+            sinks is None
+            or self.pending is not None
             or self._open_commands
             or self._commands.latest() > self.progress.commands_version  # (one to decide)
         ):
-            return
-        sinks = self._delta_sinks()
-        if sinks is None:
             return
         prev = self.progress
         now = self.clock.now()
@@ -406,7 +405,6 @@ class Delivery:
             after=after,
             until=until,
             round=number,
-            schedule_version=version,
             batch=prev.stamp_batch,
             commands_version=self._commands.latest(),
             results_version=self._results.latest(),
@@ -443,7 +441,6 @@ class Delivery:
             return
         self._ahead = dataclasses.replace(
             ahead,
-            schedule_version=version,
             batch=prev.stamp_batch,
             jobs=(
                 *ahead.jobs,

@@ -182,7 +182,6 @@ def deliver_on_executors(spark: SparkSession, job: RoundJob) -> Written:
         10
     """
     groups = balanced([p.rows for p in job.parts], job.tasks)
-    job = dataclasses.replace(job, parts=list(job.parts))
     frame = spark.range(0, len(groups), 1, max(1, len(groups)))
     answers = frame.mapInArrow(_task(job, groups), _PACKED).toArrow()
     found = [json.loads(bytes(v)) for v in answers.column(0).to_pylist()]
