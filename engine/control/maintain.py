@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
+import pyarrow.fs as pafs
 from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
@@ -62,8 +63,8 @@ from engine.lakehouse.delta_log import (
     list_topics,
     table_exists,
 )
-from engine.lakehouse.fs import hadoop_path
 from engine.lakehouse.layout import layout
+from engine.lakehouse.storage import store_for
 from engine.stamp.query import newest_plan
 from engine.stamp.writer import highest_batch
 
@@ -188,13 +189,13 @@ def maintain(
         if before[0] > 1:  # one file or none: nothing to compact
             _with_retries(_optimize, spark, path, order)
         after = _detail(spark, path)
-        stored_before = _stored(spark, path)
+        stored_before = _stored(path)
         blocker = vacuum_blocker(spark, cfg, name, cutoff, vacuum_topics)
         if blocker is None:
             _vacuum(spark, path, retention_h, full)
         else:
             say(f"{name}: not vacuumed: {blocker}")
-        stored_after = _stored(spark, path)
+        stored_after = _stored(path)
         # by name: the engine and producers add files meanwhile (a difference of counts
         # went negative beside a busy engine)
         gone = stored_before.keys() - stored_after.keys()
@@ -374,17 +375,24 @@ def _detail(spark: SparkSession, path: str) -> tuple[int, int]:
     return (int(row["numFiles"] or 0), int(row["sizeInBytes"] or 0)) if row else (0, 0)
 
 
-def _stored(spark: SparkSession, path: str) -> dict[str, int]:
-    """Data files in storage under the table's folder (not its log): bytes by path."""
-    root, fs = hadoop_path(spark, path)
-    files = fs.listFiles(root, True)
+def _stored(path: str) -> dict[str, int]:
+    """Data files in storage under the table's folder (not its log): bytes by path.
+
+    Listed by Arrow's filesystem in one call (a Hadoop listing from Python paid a Py4J round
+    trip per file and field: 27-35 s for a table of 2,000 files, against well under one).
+    """
+    store = store_for(path)
+    root = store.arrow_path(path).rstrip("/")
+    listing = store.filesystem.get_file_info(
+        pafs.FileSelector(root, recursive=True, allow_not_found=True)
+    )
     found: dict[str, int] = {}
-    while files.hasNext():
-        status = files.next()
-        relative = status.getPath().toString()[len(root.toString()) :]
-        if "/_delta_log/" in relative + "/" or not relative.endswith(".parquet"):
+    for info in listing:
+        relative = info.path[len(root) :]
+        if info.type != pafs.FileType.File or "/_delta_log/" in relative + "/":
             continue
-        found[relative] = int(status.getLen())
+        if relative.endswith(".parquet"):
+            found[relative] = int(info.size or 0)
     return found
 
 
