@@ -6,12 +6,15 @@ import os
 import signal
 import subprocess
 import sys
+from datetime import UTC
 from pathlib import Path
 from typing import Any
 
 import pytest
 from pyspark.sql import SparkSession
 
+from engine.control.commands import CommandResult, cancel_many, reschedule_many, results_of
+from engine.core.clock import SystemClock, to_millis
 from engine.lakehouse.catalog import register_all
 from engine.lakehouse.layout import layout
 from engine.lakehouse.session import REPO_ROOT
@@ -24,68 +27,21 @@ from tests.support.process import PROPS, VENV_BIN, engine_args, start, wait_for
 pytestmark = pytest.mark.integration
 
 
-def test_kill_mid_run_then_restart_with_spark_submit(
-    spark: SparkSession, make_cfg: Any, tmp_path: Path
-) -> None:
-    cfg = make_cfg(levels="1s 3s 20s", register_tables=True)
-    early = send_many(
-        spark, cfg, [Message(f"t{i % 3}", f"a{i}", delay_level=i % 2) for i in range(12)]
-    )
-
-    cli = [str(VENV_BIN / "delayq"), "run", *engine_args(cfg, "--show", "0")]
-    first = start(cli, tmp_path / "first.log")
-    try:
-        wait_for(lambda: len(delivered_rows(spark, cfg)) > 0, 120, "the first deliveries")
-        # sent while the engine runs; a third wait 20 s, so the kill lands mid-run
-        late = send_many(
-            spark, cfg, [Message(f"t{i % 3}", f"b{i}", delay_level=1 + i % 3) for i in range(48)]
-        )
-        wait_for(
-            lambda: len(delivered_rows(spark, cfg)) > len(early),
-            60,
-            "deliveries of the second batch",
-        )
-    finally:
-        os.killpg(first.pid, signal.SIGKILL)
-        first.wait(30)
-    ids = early + late
-    partial = len(delivered_rows(spark, cfg))
-    print(f"\nkilled with {partial} of {len(ids)} delivered")
-    assert partial < len(ids), "the kill should land while messages are still pending"
-
-    job = ["jobs/delay_engine.py", *engine_args(cfg, "--until-idle", "--max-seconds", "120")]
-    submit = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS), *job]
-    second = start(submit, tmp_path / "second.log")
-    # while an engine runs, topics are queryable by name from this (other) session
-    assert register_all(spark, cfg) == ["t0", "t1", "t2"]
-    assert spark.sql(f"SELECT count(*) FROM {cfg.database}.t0").first()[0] > 0  # type: ignore[index]
-    code = second.wait(240)
-    output = (tmp_path / "second.log").read_text()
-    assert code == 0, output[-3000:]
-    assert "pending none" in output
-    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
-
-
 @pytest.mark.parametrize(
-    ("runner", "stop"),
+    "stop",
     [
-        ("delayq", "Ctrl-C"),  # a terminal's Ctrl-C: SIGINT to the whole process group
-        ("spark-submit", "Ctrl-C"),
-        ("spark-submit", "SIGTERM"),  # `kill <pid>` of spark-submit (the JVM) alone
+        "Ctrl-C",  # a terminal's Ctrl-C: SIGINT to the whole process group
+        "SIGTERM",  # `kill <pid>` of spark-submit (the JVM) alone
     ],
 )
-def test_ctrl_c_and_sigterm_stop_cleanly(
-    spark: SparkSession, make_cfg: Any, tmp_path: Path, runner: str, stop: str
+def test_spark_submit_stops_cleanly_on_ctrl_c_and_sigterm(
+    spark: SparkSession, make_cfg: Any, tmp_path: Path, stop: str
 ) -> None:
+    """(``delayq run`` stopped with Ctrl-C: the standby of the fencing test below.)"""
     cfg = make_cfg()
     log = tmp_path / "run.log"
-    settings = engine_args(cfg, "--set", "spark.log_level=WARN")  # what users see by default
-    if runner == "delayq":
-        command = [str(VENV_BIN / "delayq"), "run", *settings]
-    else:
-        job = ["jobs/delay_engine.py", *settings]
-        command = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS), *job]
-    proc = start(command, log)
+    job = ["jobs/delay_engine.py", *engine_args(cfg, "--set", WARN)]
+    proc = start([str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS), *job], log)
     try:
         wait_for(lambda: "delivered" in log.read_text(), 120, "a progress line")
         if stop == "Ctrl-C":
@@ -96,13 +52,21 @@ def test_ctrl_c_and_sigterm_stop_cleanly(
     finally:
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
-    output = log.read_text()
-    assert code == 0, output[-3000:]
-    assert "stopping cleanly" in output
-    assert "Traceback" not in output
+    assert code == 0, log.read_text()[-3000:]
+    assert_stopped_cleanly(log.read_text())
+
+
+#: The log level users see by default (the tests' engines otherwise print errors only).
+WARN = "spark.log_level=WARN"
+
+
+def assert_stopped_cleanly(output: str) -> None:
+    """An engine's output after Ctrl-C or SIGTERM: it says it stops cleanly, with no Python
+    or Java stack trace, and a last line says what was delivered."""
+    assert "stopping cleanly" in output, output[-3000:]
+    assert "Traceback" not in output, output[-3000:]
     java_frames = [line for line in output.splitlines() if line.startswith("\tat ")]
     assert not java_frames, output[-3000:]
-    # after stopping, a line says what was delivered
     after = output.split("stopping cleanly", 1)[1]
     assert any("delivered" in line for line in after.splitlines())
 
@@ -177,6 +141,7 @@ def test_engine_producers_and_a_consumer_started_at_once_on_a_new_lakehouse(
 #: outside while a delivery round is in progress (its plan written, its progress not).
 STORM = (
     ("topic-after", 1),
+    ("commands-applied", 1),  # in the round that decides the cancels and reschedules
     ("plan", 1),
     ("offset-temp", 1),
     ("stamp-after", 1),
@@ -197,12 +162,16 @@ def _run_to_end(proc: Any, timeout: float) -> int:
 def test_kill_storm_every_message_once_never_early(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
-    """Engines killed at each crash point, in turn, then one run to the end. Each kill is
+    """Engines killed at each crash point, in turn, then one run to the end (the job under
+    ``spark-submit``, its topics queried by name from another session meanwhile). Each kill is
     checked, right after it, from the lakehouse's files to have landed where it says (see
     :func:`tests.support.crash_points.assert_landed`): a round planned and not committed,
     with its topic files staged or committed as the point says; a stamping batch in
     ``schedule`` and not in ``quarantine``. The last run delivers every message exactly once,
-    never early, and quarantines each bad row and each retry once."""
+    never early, and quarantines each bad row and each retry once. Cancels and reschedules
+    issued before the ``commands-applied`` engine starts are decided in the round it dies
+    in (outcomes and moved rows written, no topic yet): each is decided once, a cancelled
+    message is never delivered and a moved one is delivered once, at its new time."""
     cfg = make_cfg()
     lay = layout(cfg)
     settings = engine_args(cfg, "--show", "0")
@@ -211,6 +180,10 @@ def test_kill_storm_every_message_once_never_early(
     resent = 0
     landed: list[tuple[str, int, int, str]] = []  # point, delivered before, after, on disk
     stamp_killed = -1  # the stamping batch killed between schedule and quarantine
+    cancelled: list[str] = []
+    move_to: dict[str, int] = {}
+    cancels: list[CommandResult] = []
+    moves: list[CommandResult] = []
     for k, (point, nth) in enumerate(STORM):
         # A wave before each start over three topics: levels 0-3 and timers up to 22 s (due
         # while the engine runs as well as when it starts), each wave's first five ids sent
@@ -226,6 +199,14 @@ def test_kill_storm_every_message_once_never_early(
         send_many(spark, cfg, [Message("t0", "retry", msg_id=msg_id) for msg_id in again])
         resent += len(again)
         ids += sent
+        if point == "commands-applied":  # timers 16-20 s away: decided before they are due
+            later = [m for i, m in enumerate(sent) if i % 2 == 0 and i % 12 in (8, 10)]
+            cancelled, moved = later[:5], later[5:10]
+            issued = to_millis(SystemClock().now())
+            # later than the timers' 16-20 s, and than the engine's start under a loaded suite
+            move_to = {m: issued + (60_000 if n % 2 else 75_000) for n, m in enumerate(moved)}
+            cancels = cancel_many(spark, cfg, cancelled, wait=0)
+            moves = reschedule_many(spark, cfg, [(m, t, None) for m, t in move_to.items()], wait=0)
         spark.sql(
             f"INSERT INTO delta.`{lay.commitlog}` (msg_id, body, store_ts) VALUES "
             f"('bad-{k}-1', X'01', current_timestamp()), ('bad-{k}-2', X'02', current_timestamp())"
@@ -255,14 +236,32 @@ def test_kill_storm_every_message_once_never_early(
             stamp_killed = int(where["batch"])
         landed.append((point, before, len(delivered_rows(spark, cfg)), found))
 
+    # the last run: the job with spark-submit, as users submit it
     final_log = tmp_path / "final.log"
-    command = [delayq, "run", *settings, "--until-idle", "--max-seconds", "150"]
-    code = _run_to_end(start(command, final_log), 300)
+    job = ["jobs/delay_engine.py", *settings, "--until-idle", "--max-seconds", "150"]
+    final = start(
+        [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS), *job], final_log
+    )
+    # while an engine runs, topics are queryable by name from this (other) session
+    assert register_all(spark, cfg) == ["t0", "t1", "t2"]
+    assert spark.sql(f"SELECT count(*) FROM {cfg.database}.t0").first()[0] > 0  # type: ignore[index]
+    code = _run_to_end(final, 300)
     assert code == 0, final_log.read_text()[-3000:]
+    assert "pending none" in final_log.read_text()
     print("\nkill storm: point, delivered before -> after, on disk after the kill")
     for point, before, after, found in landed:
         print(f"  {point:13} {before:5} -> {after:5}  {found}")
-    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, [m for m in ids if m not in cancelled], cfg)
+    shown_at = {
+        r["msg_id"]: to_millis(r["deliver_ts"].astimezone(UTC))
+        for r in rows
+        if r["msg_id"] in move_to
+    }
+    assert shown_at == move_to  # delivered at the new time, not the first one
+    for asked, status in ((cancels, "cancelled"), (moves, "rescheduled")):
+        done = results_of(spark, cfg, [c.command_id for c in asked], asked[0].action)
+        assert [(d.status, len(d.outcomes)) for d in done] == [(status, 1)] * len(asked), done
     quarantine = spark.read.format("delta").load(lay.quarantine)
     reasons = [r["reason"] for r in quarantine.select("reason").collect()]
     assert sum(r.startswith("duplicate: ") for r in reasons) == resent  # each retry, once
@@ -271,15 +270,22 @@ def test_kill_storm_every_message_once_never_early(
     assert quarantine.where(f"stamp_batch = {stamp_killed}").count() > 0, stamp_killed
 
 
-def test_a_second_engine_is_refused_and_a_standby_takes_over_when_the_first_stops(
+def test_a_second_engine_is_refused_and_a_stalled_one_is_fenced_once_a_standby_took_over(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
+    """Two engines started together: one runs, the other refuses at once naming it. A
+    standby waits; the running engine is stopped with SIGSTOP (a stall: its process lives)
+    past its lease, and the standby takes over and delivers. Once the standby has stopped
+    cleanly on Ctrl-C (what ``delayq run`` says then is checked), SIGCONT wakes the first:
+    it exits naming the fence and writes nothing, not a topic commit, not a round's
+    progress, not a stamping batch. Every message once, never early, across it."""
     cfg = make_cfg()
     delayq = str(VENV_BIN / "delayq")
-    run = [delayq, "run", *engine_args(cfg)]
+    run = [delayq, "run", *engine_args(cfg, "--set", "lease.timeout=6s")]
     logs = {name: tmp_path / f"{name}.log" for name in ("a", "b", "standby")}
     # two engines started together: one takes the lakehouse, the other refuses at once
     procs = {name: start(run, logs[name]) for name in ("a", "b")}
+    stalled: int | None = None
     try:
         finished = wait_any(procs, 180)
         refused = logs[finished].read_text()
@@ -288,13 +294,13 @@ def test_a_second_engine_is_refused_and_a_standby_takes_over_when_the_first_stop
         expected = f"another engine holds the lakehouse {cfg.lakehouse}: host "
         assert expected in refused and f", pid {procs[runner].pid}, since " in refused, refused
         assert "Traceback" not in refused
-        standby = start([*run, "--set", "lease.standby=true"], logs["standby"])
+        standby = start([*run, "--set", "lease.standby=true", "--set", WARN], logs["standby"])
         procs["standby"] = standby
         wait_for(lambda: "standing by" in logs["standby"].read_text(), 120, "a standby")
         ids = send_many(spark, cfg, [Message("orders", f"m{i}", delay_level=1) for i in range(20)])
         wait_for(lambda: len(delivered_rows(spark, cfg)) > 0, 120, "deliveries by the first")
-        os.killpg(procs[runner].pid, signal.SIGINT)  # Ctrl-C: it stops and lets go
-        assert procs[runner].wait(60) == 0, logs[runner].read_text()[-3000:]
+        stalled = procs[runner].pid
+        os.killpg(stalled, signal.SIGSTOP)  # its process lives on: only its lease runs out
         late = send_many(spark, cfg, [Message("orders", f"n{i}", delay_level=2) for i in range(20)])
         wait_for(
             lambda: len(delivered_rows(spark, cfg)) == len(ids) + len(late), 120, "the standby"
@@ -303,11 +309,35 @@ def test_a_second_engine_is_refused_and_a_standby_takes_over_when_the_first_stop
             [delayq, "status", *engine_args(cfg)], capture_output=True, text=True, timeout=120
         )
         assert f", pid {standby.pid}, since " in status.stdout, status.stdout + status.stderr
+        os.killpg(standby.pid, signal.SIGINT)  # Ctrl-C: the standby stops and lets go
+        assert standby.wait(60) == 0, logs["standby"].read_text()[-3000:]
+        assert_stopped_cleanly(logs["standby"].read_text())
+        before = _table_files(Path(cfg.lakehouse))
+        os.killpg(stalled, signal.SIGCONT)
+        stalled = None
+        code = procs[runner].wait(60)
+        woke = logs[runner].read_text()
+        assert code == 2, woke[-3000:]
+        assert "another engine took the lakehouse over" in woke, woke[-3000:]
+        assert "Traceback" not in woke and "\tat " not in woke, woke[-3000:]
+        assert _table_files(Path(cfg.lakehouse)) == before  # the woken engine wrote nothing
     finally:
+        if stalled is not None:
+            os.killpg(stalled, signal.SIGCONT)
         for proc in procs.values():
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids + late, cfg)
+
+
+def _table_files(lakehouse: Path) -> dict[str, int]:
+    """Every file of a lakehouse's tables and logs with its size (the engine's own folder
+    ``_engine``, which holds leases and its address, aside)."""
+    return {
+        str(f.relative_to(lakehouse)): f.stat().st_size
+        for f in lakehouse.rglob("*")
+        if f.is_file() and f.relative_to(lakehouse).parts[0] != "_engine"
+    }
 
 
 def wait_any(procs: dict[str, Any], timeout: float) -> str:

@@ -36,10 +36,12 @@ from engine.run.metrics import query_figures
 from jobs.tools.broker import Broker, BrokerError, start
 from jobs.tools.objectstore import Server
 from tests.support.crash import Crash, crash_after_writes
+from tests.support.crash_points import on_disk, said
 from tests.support.kafka import consume, free_port, ingest, kafka_broker, kafka_cfg, produce, rows
 from tests.support.lakehouse import START
 from tests.support.objectstore import s3_cfg
-from tests.support.process import PROPS, VENV_BIN
+from tests.support.process import PROPS, VENV_BIN, engine_args
+from tests.support.process import start as start_process
 from tests.support.readme import docstring_block, plain_env, run_shell
 
 pytestmark = pytest.mark.integration
@@ -341,6 +343,47 @@ def test_exactly_once_to_kafka_for_read_committed_readers(
     assert sorted(ids) == sorted(sent)
     everything = consume(kafka, topic, 15)
     assert len(everything) == 15, "a read_uncommitted reader also sees the aborted attempt"
+
+
+def test_an_engine_killed_after_a_rounds_kafka_transaction_sends_nothing_again(
+    spark: SparkSession, make_cfg: Any, kafka: Broker, tmp_path: Path
+) -> None:
+    """``delayq run`` with ``kafka.exactly_once`` killed with SIGKILL (its JVM and producers
+    too) once a round's Kafka transaction committed and before the round's progress; the
+    engine run again replays the round, finds its marker and sends nothing again: each
+    record once for a ``read_committed`` reader."""
+    topic = f"eos_{uuid.uuid4().hex[:6]}"
+    cfg = kafka_cfg(make_cfg, kafka, kafka_sinks={topic: "kafka"}, kafka_exactly_once=True)
+    sent = send_many(spark, cfg, [Message(topic, f"m{i}", delay_level=1) for i in range(10)])
+    kafka_args = {
+        "kafka.bootstrap_servers": kafka.bootstrap_servers,
+        f"kafka.sinks.{topic}": "kafka",
+        "kafka.exactly_once": "true",
+    }
+    settings = engine_args(cfg, *(a for k, v in kafka_args.items() for a in ("--set", f"{k}={v}")))
+    until = ["--show", "0", "--until-idle", "--max-seconds", "90"]
+    log = tmp_path / "killed.log"
+    killing = [sys.executable, "-m", "tests.support.killing_engine", "kafka-committed", "1"]
+    proc = start_process([*killing, *settings, *until], log)
+    try:
+        code = proc.wait(240)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert code == -signal.SIGKILL, log.read_text()[-3000:]
+    point, where = said(log.read_text())
+    assert (point, where["table"]) == ("kafka-committed", topic)
+    lay = layout(cfg)
+    assert on_disk(lay).pending == int(where["round"])  # planned, its progress not written
+    shown = consume(kafka, topic, 1, isolation_level="read_committed")
+    assert shown, "the round's transaction committed before the kill"
+    sent += send_many(spark, cfg, [Message(topic, f"n{i}", delay_level=1) for i in range(5)])
+    # the restart, here: it replays the killed round first, then delivers the rest
+    status = Engine(spark, cfg, out=lambda _: None).run(until_idle=True, max_seconds=90)
+    assert status.idle, status
+    committed = consume(kafka, topic, len(sent), isolation_level="read_committed")
+    ids = [dict(r.headers)["DELAYQ_MSG_ID"].decode() for r in committed]
+    assert sorted(ids) == sorted(sent), "each record once for a read_committed reader"
 
 
 def test_kafka_python_helper_round_trip(

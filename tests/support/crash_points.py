@@ -38,6 +38,7 @@ _ROUND_FILE = re.compile(r"^(\d{20})(\.plan)?\.json$")
 _ROUND_TAG = re.compile(r"^delayq round (\d+) ")
 _SAID = re.compile(r"SIGKILL at (\S+)((?: \w+ \S+)*)\s*$", re.MULTILINE)
 STAMP_APP_ID = "delayq-stamp"
+COMMANDS_APP_ID = "delayq-commands-"  # + the checkpoint's id; its version is the round
 
 
 @dataclass(frozen=True)
@@ -54,6 +55,8 @@ class OnDisk:
         stamp_planned: the newest stamping batch planned (-1: none).
         stamped: per stamping table (``schedule``, ``quarantine``), the highest batch its
             ``delayq-stamp`` txn records (-1: none).
+        decided: the newest round whose command outcomes are in ``command_results`` (-1:
+            none).
     """
 
     committed: frozenset[int]
@@ -63,6 +66,7 @@ class OnDisk:
     unstaged: dict[str, frozenset[str]]
     stamp_planned: int
     stamped: dict[str, int]
+    decided: int = -1
 
     @property
     def pending(self) -> int | None:
@@ -123,9 +127,17 @@ def on_disk(lay: Layout) -> OnDisk:
         )
         for name in ("schedule", "quarantine")
     }
+    decided = max(
+        (
+            int(t["version"])
+            for a in _log_actions(Path(lay.command_results))
+            if (t := a.get("txn")) and str(t.get("appId")).startswith(COMMANDS_APP_ID)
+        ),
+        default=-1,
+    )
     return OnDisk(
         frozenset(committed), frozenset(planned), frozenset(temps), topic_rounds,
-        {t: f for t, f in unstaged.items() if f}, max(plans, default=-1), stamped,
+        {t: f for t, f in unstaged.items() if f}, max(plans, default=-1), stamped, decided,
     )  # fmt: skip
 
 
@@ -178,6 +190,9 @@ def assert_landed(
     assert not set(staged_now) & set(shown), (staged_now, shown)
     if point == "plan":
         assert not shown and not staged_now, (shown, staged_now)  # nothing written yet
+    elif point == "commands-applied":
+        assert after.decided == round_ > before.decided, (where, before.decided, after.decided)
+        assert not shown and not staged_now, (shown, staged_now)  # no topic written yet
     elif point == "topic-staged":
         table = where["table"]
         rounds, _ = staged.get(table, (set(), 0))

@@ -20,6 +20,10 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 |                | committed them (``stamp.driver_batch_bytes = 0``, or a large batch)  |
 | ``round-tasks-written``| Spark tasks wrote a round's topic files, its plan is in the  |
 |                | delayOffset log, no table committed (``delivery.driver_round_rows = 0``)|
+| ``commands-applied``| a round decided cancels or reschedules: their outcomes and the  |
+|                | moved rows are written, no topic table yet                           |
+| ``kafka-committed``| a round's Kafka transaction to a topic (``kafka.exactly_once``)   |
+|                | committed with its marker, the round's progress not yet              |
 
 The crash points wrap the engine's classes from here, so production code has no hooks. The
 last line it prints says where it died (``SIGKILL at topic-staged round 7 table t1``; a
@@ -38,6 +42,8 @@ from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from engine.cli import main
+from engine.deliver.kafka_sink import TransactionalKafkaSink
+from engine.deliver.round import Delivery
 from engine.deliver.sinks import DeltaTopicSink
 from engine.lakehouse.offset_log import OffsetLog
 from engine.stamp.query import StampQuery
@@ -55,6 +61,8 @@ POINTS = (
     "query-written",
     "tasks-written",
     "round-tasks-written",
+    "commands-applied",
+    "kafka-committed",
 )
 
 
@@ -145,6 +153,24 @@ def arm(point: str, nth: int) -> None:
             reached(round=round_, table=table)
         commit_files(self, round_, table, *args)
 
+    apply_commands = Delivery._apply_commands
+
+    def commands_applied(self: Delivery, resolution: Any, plan: Any, *args: Any) -> None:
+        apply_commands(self, resolution, plan, *args)
+        if point == "commands-applied" and resolution.results:
+            reached(round=plan.round)
+
+    kafka_write = TransactionalKafkaSink.write
+
+    def kafka_written(
+        self: TransactionalKafkaSink, round_: int, table: str, rows: Any, replayed: bool
+    ) -> None:
+        kafka_write(self, round_, table, rows, replayed)
+        if point == "kafka-committed" and rows.num_rows:
+            reached(round=round_, table=table)
+
+    Delivery._apply_commands = commands_applied  # type: ignore[method-assign]
+    TransactionalKafkaSink.write = kafka_written  # type: ignore[method-assign]
     DeltaTopicSink.commit_files = commit_written  # type: ignore[method-assign]
     StampQuery._run = run_query_batch  # type: ignore[method-assign]
     StampWriter.adopt = adopt_written  # type: ignore[method-assign]
