@@ -67,6 +67,7 @@ LONGEST_FILES = (
     "integration/test_control.py",
     "integration/test_commands.py",
     "e2e/test_bench.py",
+    "integration/test_readers.py",
     "e2e/test_notebook.py",
 )
 
