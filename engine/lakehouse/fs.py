@@ -1,4 +1,4 @@
-"""Small files of the lakehouse (any store), and Hadoop's FileSystem for Spark's own files.
+"""Small files of the lakehouse (any store), and the session's JVM for the driver-side classes.
 
 Example:
     >>> read_text("/lake/_checkpoints/stamp/metadata")  # doctest: +SKIP
@@ -29,12 +29,6 @@ def java_map(spark: SparkSession, values: dict[str, str]) -> Any:
     for key, value in values.items():
         made.put(key, value)
     return made
-
-
-def hadoop_path(spark: SparkSession, location: str) -> tuple[Any, Any]:
-    """A Hadoop ``Path`` for ``location`` and its ``FileSystem``."""
-    path = jvm(spark).org.apache.hadoop.fs.Path(location)
-    return path, path.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
 
 
 def read_text(location: str) -> str | None:

@@ -275,13 +275,13 @@ def test_a_second_engine_is_refused_and_a_stalled_one_is_fenced_once_a_standby_t
 ) -> None:
     """Two engines started together: one runs, the other refuses at once naming it. A
     standby waits; the running engine is stopped with SIGSTOP (a stall: its process lives)
-    past its lease, and the standby takes over and delivers. Once the standby has stopped
+    past its lease (10 s), and the standby takes over and delivers. Once the standby has stopped
     cleanly on Ctrl-C (what ``delayq run`` says then is checked), SIGCONT wakes the first:
     it exits naming the fence and writes nothing, not a topic commit, not a round's
     progress, not a stamping batch. Every message once, never early, across it."""
     cfg = make_cfg()
     delayq = str(VENV_BIN / "delayq")
-    run = [delayq, "run", *engine_args(cfg, "--set", "lease.timeout=6s")]
+    run = [delayq, "run", *engine_args(cfg, "--set", "lease.timeout=10s")]
     logs = {name: tmp_path / f"{name}.log" for name in ("a", "b", "standby")}
     # two engines started together: one takes the lakehouse, the other refuses at once
     procs = {name: start(run, logs[name]) for name in ("a", "b")}
@@ -331,11 +331,12 @@ def test_a_second_engine_is_refused_and_a_stalled_one_is_fenced_once_a_standby_t
 
 
 def _table_files(lakehouse: Path) -> dict[str, int]:
-    """Every file of a lakehouse's tables and logs with its size (the engine's own folder
-    ``_engine``, which holds leases and its address, aside)."""
+    """What a lakehouse has committed, with sizes: every Delta log entry of its tables, the
+    delayOffset log's rounds and plans, the stamping log's batches (a data file a write in
+    progress when the engine stalled finishes is no commit)."""
     return {
         str(f.relative_to(lakehouse)): f.stat().st_size
-        for f in lakehouse.rglob("*")
+        for f in lakehouse.rglob("*.json")
         if f.is_file() and f.relative_to(lakehouse).parts[0] != "_engine"
     }
 

@@ -15,7 +15,7 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from engine.consume.consumer import Consumer
-from engine.control.commands import cancel, reschedule
+from engine.control.commands import cancel, reschedule, results_of
 from engine.control.maintain import maintain
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
@@ -67,9 +67,14 @@ def _assert_three_readers_agree(spark: SparkSession, cfg: EngineConfig) -> dict[
     con = _duckdb()
     counts = {}
     for name, path in _tables(cfg).items():
-        by_spark = _rows(spark.read.format("delta").load(path).toArrow())
-        by_delta_rs = _rows(DeltaTable(path).to_pyarrow_table())
-        by_duckdb = _rows(con.sql(f"SELECT * FROM delta_scan('{path}')").to_arrow_table())
+        tables = [
+            spark.read.format("delta").load(path).toArrow(),
+            DeltaTable(path).to_pyarrow_table(),
+            con.sql(f"SELECT * FROM delta_scan('{path}')").to_arrow_table(),
+        ]
+        columns = [sorted(t.column_names) for t in tables]
+        assert columns[1] == columns[2] == columns[0], f"{name}: columns differ: {columns}"
+        by_spark, by_delta_rs, by_duckdb = map(_rows, tables)
         assert by_delta_rs == by_spark, f"{name}: delta-rs and Spark differ"
         assert by_duckdb == by_spark, f"{name}: DuckDB and Spark differ"
         counts[name] = len(by_spark)
@@ -88,13 +93,18 @@ def test_every_table_reads_the_same_three_ways_after_thousands_of_commits_and_a_
             clock.advance(seconds=1)
             engine.step()
     send_many(spark, cfg, [Message("orders", "dup", msg_id=ids[0])], clock)  # a quarantined retry
-    later = send_many(spark, cfg, [Message("orders", f"later{i}", delay="1h") for i in range(2)])
+    later = send_many(
+        spark, cfg, [Message("orders", f"later{i}", delay="1h") for i in range(2)], clock
+    )
     engine.step()
-    assert cancel(spark, cfg, later[0], wait=0, clock=clock).status == "pending"
-    reschedule(spark, cfg, later[1], delay="2s", wait=0, clock=clock)
+    cancelled = cancel(spark, cfg, later[0], wait=0, clock=clock)
+    moved = reschedule(spark, cfg, later[1], delay="2s", wait=0, clock=clock)
     for _ in range(4):
         clock.advance(seconds=1)
         engine.step()
+    done = results_of(spark, cfg, [cancelled.command_id], "cancel")
+    done += results_of(spark, cfg, [moved.command_id], "reschedule")
+    assert [d.status for d in done] == ["cancelled", "rescheduled"], done
     consumer = Consumer(spark, cfg, "readers", ["orders"], clock=clock)
     got = consumer.poll(max_messages=10, timeout=0)
     consumer.ack(*got[:8])
