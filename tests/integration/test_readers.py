@@ -16,10 +16,9 @@ from pyspark.sql import SparkSession
 
 from engine.consume.consumer import Consumer
 from engine.control.commands import cancel, reschedule, results_of
-from engine.control.maintain import maintain
+from engine.control.maintain import maintain, tables_to_maintain
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
-from engine.lakehouse.delta_log import list_topics
 from engine.lakehouse.layout import layout
 from engine.produce.send import Message, send_many
 from tests.support.lakehouse import quiet_engine
@@ -55,18 +54,11 @@ def _rows(table: pa.Table) -> list[tuple[Any, ...]]:
     return sorted(zip(*columns, strict=True), key=repr)
 
 
-def _tables(cfg: EngineConfig) -> dict[str, str]:
-    lay = layout(cfg)
-    fixed = ("commitlog", "schedule", "quarantine", "commands", "command_results", "consumer_log")
-    names = {name: lay.table(name) for name in fixed}
-    return {**names, **{f"topics/{t}": lay.topic(t) for t in list_topics(cfg)}}
-
-
 def _assert_three_readers_agree(spark: SparkSession, cfg: EngineConfig) -> dict[str, int]:
     """Each table read by Spark, delta-rs and DuckDB: the same rows; rows per table."""
     con = _duckdb()
     counts = {}
-    for name, path in _tables(cfg).items():
+    for name, path, _ in tables_to_maintain(spark, cfg):  # every table the lakehouse has
         tables = [
             spark.read.format("delta").load(path).toArrow(),
             DeltaTable(path).to_pyarrow_table(),

@@ -24,7 +24,7 @@ import re
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -117,24 +117,10 @@ def on_disk(lay: Layout) -> OnDisk:
         if m and not m.group(2)
     ]
     stamped = {
-        name: max(
-            (
-                int(t["version"])
-                for a in _log_actions(Path(lay.table(name)))
-                if (t := a.get("txn")) and t.get("appId") == STAMP_APP_ID
-            ),
-            default=-1,
-        )
+        name: _newest_txn(Path(lay.table(name)), lambda app: app == STAMP_APP_ID)
         for name in ("schedule", "quarantine")
     }
-    decided = max(
-        (
-            int(t["version"])
-            for a in _log_actions(Path(lay.command_results))
-            if (t := a.get("txn")) and str(t.get("appId")).startswith(COMMANDS_APP_ID)
-        ),
-        default=-1,
-    )
+    decided = _newest_txn(Path(lay.command_results), lambda app: app.startswith(COMMANDS_APP_ID))
     return OnDisk(
         frozenset(committed), frozenset(planned), frozenset(temps), topic_rounds,
         {t: f for t, f in unstaged.items() if f}, max(plans, default=-1), stamped, decided,
@@ -290,6 +276,16 @@ def _log_actions(table: Path) -> Iterator[dict[str, Any]]:
             for line in (log / name).read_text().splitlines():
                 if line.strip():
                     yield json.loads(line)
+
+
+def _newest_txn(table: Path, app_id: Callable[[str], bool]) -> int:
+    """The highest ``txn`` version a table's log records for apps ``app_id`` accepts (-1)."""
+    versions = (
+        int(t["version"])
+        for a in _log_actions(table)
+        if (t := a.get("txn")) and app_id(str(t.get("appId")))
+    )
+    return max(versions, default=-1)
 
 
 def _data_files(table: Path) -> Iterator[str]:
