@@ -79,8 +79,12 @@ class StopSignals:
         """
         if threading.current_thread() is not threading.main_thread():
             return self
-        if not self._previous:
-            for number in STOP_SIGNALS:
+        for number in STOP_SIGNALS:
+            # Again after Spark started: a SparkContext made in between put its own SIGINT
+            # handler in place, which cancels every Spark job and raises KeyboardInterrupt
+            # wherever the main thread is, even inside a py4j call (which then fails with
+            # "Gateway must be connected to send cancel cmd.": a stop reported as a bug).
+            if signal.getsignal(number) != self._here:
                 self._previous[number] = signal.signal(number, self._here)
         if spark is not None and self._jvm is None:
             try:

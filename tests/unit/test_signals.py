@@ -42,3 +42,35 @@ def test_a_second_signal_forces_the_stop() -> None:
     done = run("twice")
     assert done.returncode == -signal.SIGTERM
     assert "still running" not in done.stdout
+
+
+SPARK_IN_BETWEEN = textwrap.dedent(
+    """
+    import os, signal
+    from engine.run.signals import StopSignals
+
+    def sparks_handler(number, frame):  # what a SparkContext installs for SIGINT
+        print("spark's handler ran", flush=True)
+        raise KeyboardInterrupt
+
+    with StopSignals() as signals:
+        signals.install()
+        signal.signal(signal.SIGINT, sparks_handler)  # build_spark, between the two installs
+        signals.install()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert signals.requested.wait(5), "Ctrl-C asks for a stop"
+        print("stop requested", flush=True)
+    print("spark's handler back:", signal.getsignal(signal.SIGINT) is sparks_handler, flush=True)
+    """
+)
+
+
+def test_a_handler_spark_installs_in_between_is_taken_over_and_given_back() -> None:
+    """``delayq run`` installs before Spark starts and again after: the SparkContext's SIGINT
+    handler (cancel every job, raise KeyboardInterrupt wherever the main thread is, even
+    inside a py4j call) must not be the one a Ctrl-C reaches while the engine runs."""
+    done = subprocess.run(
+        [sys.executable, "-c", SPARK_IN_BETWEEN], capture_output=True, text=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines() == ["stop requested", "spark's handler back: True"]
