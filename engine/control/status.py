@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -17,6 +18,7 @@ from pyspark.sql import SparkSession
 from engine.core.config import EngineConfig
 from engine.deliver.checkpoint import Progress, read_checkpoint
 from engine.lakehouse.layout import Layout
+from engine.lakehouse.live_files import LiveFiles
 
 
 @dataclass(frozen=True)
@@ -62,15 +64,59 @@ class Status:
         )
 
 
-def _count(spark: SparkSession, path: str) -> int:
+class RowCounts:
+    """Row counts of Delta tables from their logs' ``numRecords`` statistics, each table's log
+    followed commit by commit from one call to the next: no Spark job.
+
+    A Spark ``count()`` answers from the same statistics, but plans a query and rebuilds the
+    table's snapshot with Spark each time: about 0.4 CPU-s for a status of two tables, which
+    an engine asking every second (``--until-idle``, the progress line) spent most of a core
+    on. A table with a file lacking statistics, or with deletion vectors, is counted by Spark.
+
+    Example:
+        >>> counts = RowCounts()  # doctest: +SKIP
+        >>> counts(spark, "/lake/commitlog")  # doctest: +SKIP
+        17
+    """
+
+    def __init__(self) -> None:
+        self._live: dict[str, LiveFiles] = {}
+        self._lock = threading.Lock()  # the engine's loop and its metrics server both ask
+
+    def __call__(self, spark: SparkSession, path: str) -> int:
+        """The rows of the Delta table at ``path``, as of its latest version."""
+        with self._lock:
+            live = self._live.setdefault(path, LiveFiles(path))
+            try:
+                version = live.latest()
+                rows = [f.rows for f in live.files(version)] if version >= 0 else [None]
+            except ValueError:  # deletion vectors: Spark reads them
+                rows = [None]
+            if any(n is None for n in rows):
+                live.reset()
+                return _spark_count(spark, path)
+            live.retire(version)  # only the live files are kept from one call to the next
+            return sum(n for n in rows if n is not None)
+
+
+def _spark_count(spark: SparkSession, path: str) -> int:
     # A plain count(*) on a Delta table is answered from the log's statistics.
     return int(spark.read.format("delta").load(path).count())
 
 
 def read_status(
-    spark: SparkSession, cfg: EngineConfig, layout: Layout, progress: Progress | None = None
+    spark: SparkSession,
+    cfg: EngineConfig,
+    layout: Layout,
+    progress: Progress | None = None,
+    counts: RowCounts | None = None,
 ) -> Status:
-    """Compute :class:`Status` from the tables (and the given or stored checkpoint)."""
+    """Compute :class:`Status` from the tables (and the given or stored checkpoint).
+
+    ``counts`` keeps what it read of the tables' logs for the next call (an engine asking
+    again and again passes the same one).
+    """
+    count = counts or RowCounts()
     if progress is None:
         progress, _ = read_checkpoint(spark, layout)
     # Counted by the delivery rounds and kept in the checkpoint: no scan of `schedule`,
@@ -85,8 +131,8 @@ def read_status(
     # Rows a reschedule added to `schedule` were not sent: they do not count as stamped sends.
     stamped_sends = sum(p.stamped_total - p.rescheduled_total for _, p in queues)
     rescheduled = sum(p.rescheduled_total for _, p in queues)
-    sent = _count(spark, layout.commitlog)
-    quarantined = _count(spark, layout.quarantine)
+    sent = count(spark, layout.commitlog)
+    quarantined = count(spark, layout.quarantine)
     return Status(
         sent=sent,
         unstamped=max(sent - stamped_sends - quarantined, 0),

@@ -36,7 +36,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from engine.control.status import Status, read_status
+from engine.control.status import RowCounts, Status, read_status
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import (
@@ -154,6 +154,7 @@ class Engine:
             spark, cfg, self.layout, self._deliver_until, self._watermark
         )
         self.stats = DeliveryStats()
+        self._row_counts = RowCounts()  # status() counts from the logs, followed
         self._listeners: list[RoundListener] = []
         self._loop: threading.Thread | None = None
         self._stamp_loop: threading.Thread | None = None
@@ -547,7 +548,9 @@ class Engine:
     def status(self) -> Status:
         """What is sent, pending per level, delivered and quarantined, right now."""
         self.open()
-        return read_status(self.spark, self.cfg, self.layout, self.delivery.progress)
+        return read_status(
+            self.spark, self.cfg, self.layout, self.delivery.progress, self._row_counts
+        )
 
     def progress_line(self) -> str:
         """The status as one line, with the delivery stage's error count if any."""
