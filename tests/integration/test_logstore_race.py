@@ -147,18 +147,22 @@ def test_a_commit_written_again_after_a_lost_answer_counts_and_another_is_refuse
     spark: SparkSession, cfg: EngineConfig
 ) -> None:
     """The LogStore Spark uses for the table: a version that already holds exactly the
-    commit being written is that write's own (a retry after its answer was lost, as on
-    NFS); one that holds another commit is refused, and left as it was."""
+    commit being written, naming the same transaction (``commitInfo.txnId``), is that
+    write's own (a retry after its answer was lost, as on NFS); one that holds another
+    commit, or the same bytes naming no transaction, is refused, and left as it was."""
     path = str(Path(cfg.lakehouse) / "retried")
     spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT) USING delta")
     view = jvm(spark)
     delta_log = view.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
-    entry = view.org.apache.hadoop.fs.Path(Path(path, "_delta_log", f"{1:020d}.json").as_uri())
 
-    def write(user_metadata: str) -> None:
-        line = json.dumps(
-            {"commitInfo": {"timestamp": 1, "operation": "WRITE", "userMetadata": user_metadata}}
+    def write(
+        user_metadata: str, txn_id: str | None = "3f6c2a9e-txn-ours", version: int = 1
+    ) -> None:
+        entry = view.org.apache.hadoop.fs.Path(
+            Path(path, "_delta_log", f"{version:020d}.json").as_uri()
         )
+        info = {"timestamp": 1, "operation": "WRITE", "userMetadata": user_metadata}
+        line = json.dumps({"commitInfo": info | ({"txnId": txn_id} if txn_id else {})})
         lines = view.java.util.ArrayList()
         lines.add(line)
         actions = view.scala.jdk.javaapi.CollectionConverters.asScala(lines.iterator())
@@ -166,14 +170,22 @@ def test_a_commit_written_again_after_a_lost_answer_counts_and_another_is_refuse
 
     write("ours")
     write("ours")  # the same bytes again: counted as done
-    with pytest.raises(Exception) as refused:
-        write("theirs")
-    # the exception Delta retries on must be the one thrown, not only a cause in the trace
-    java = getattr(refused.value, "java_exception", None)
-    assert java is not None, refused.value
-    assert java.getClass().getName() == "java.nio.file.FileAlreadyExistsException", java
-    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("version = 1").collect()
-    assert [h.userMetadata for h in history] == ["ours"]
+    for other in (lambda: write("theirs"), lambda: write("theirs", txn_id="3f6c2a9e-txn-2")):
+        with pytest.raises(Exception) as refused:
+            other()
+        # the exception Delta retries on must be the one thrown, not only a cause in the trace
+        java = getattr(refused.value, "java_exception", None)
+        assert java is not None, refused.value
+        assert java.getClass().getName() == "java.nio.file.FileAlreadyExistsException", java
+    write("anonymous", txn_id=None, version=2)
+    with pytest.raises(Exception, match="FileAlreadyExistsException"):
+        write("anonymous", txn_id=None, version=2)  # alike, but no transaction says whose
+    stale = Path(path, "_delta_log", f".{3:020d}.json.crc")  # an earlier writer's checksum
+    stale.write_bytes(b"crc\x00\x00\x00\x02\x00\x00\x00\x00")
+    write("after a stale checksum", version=3)
+    assert not stale.exists()  # or Hadoop's local filesystem fails every read of version 3
+    history = spark.sql(f"DESCRIBE HISTORY delta.`{path}`").where("version in (1, 3)").collect()
+    assert sorted(h.userMetadata for h in history) == ["after a stale checksum", "ours"]
 
 
 def test_checkpoints_are_put_in_place_and_their_pointer_replaced(

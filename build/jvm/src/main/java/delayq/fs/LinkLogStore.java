@@ -67,6 +67,10 @@ public class LinkLogStore extends HadoopFileSystemLogStore {
         folder.resolve("." + target.getFileName() + "." + UUID.randomUUID() + ".tmp");
     try {
       writeDurably(temp, body);
+      // Before the name appears: a reader must never find the new file beside a checksum
+      // of an earlier one. (If another writer wins the name, its checksum goes: a file
+      // without one is read unchecked, which is how every other commit here is read.)
+      removeStaleChecksum(target);
       if (overwrite) {
         // _last_checkpoint and the like: replaced in one rename, never seen half written.
         Files.move(
@@ -74,7 +78,6 @@ public class LinkLogStore extends HadoopFileSystemLogStore {
       } else {
         link(path, target, temp, body);
       }
-      removeStaleChecksum(target);
       syncFolder(folder);
     } finally {
       try {
@@ -139,11 +142,16 @@ public class LinkLogStore extends HadoopFileSystemLogStore {
         || text.contains("Invalid cross-device link");
   }
 
-  /** The existing commit is this write's own: the same file, or exactly the same bytes. */
+  /** The existing commit is this write's own: the same file, or exactly the same bytes of a
+   *  commit that names its transaction ({@code commitInfo.txnId}, a UUID Delta gives each
+   *  transaction): two transactions' commits can be byte for byte alike only without one. */
   private static boolean ours(java.nio.file.Path target, java.nio.file.Path temp, byte[] body) {
     try {
       if (Files.isSameFile(target, temp)) {
         return true;
+      }
+      if (!namesItsTransaction(body)) {
+        return false;
       }
       try (InputStream in = Files.newInputStream(target)) {
         return Arrays.equals(readAll(in, body.length + 1), body);
@@ -154,6 +162,17 @@ public class LinkLogStore extends HadoopFileSystemLogStore {
       LOG.warn("could not read {} back", target, e);
       return false;
     }
+  }
+
+  /** Whether the commit's {@code commitInfo} carries a {@code txnId}. */
+  static boolean namesItsTransaction(byte[] body) {
+    String text = new String(body, StandardCharsets.UTF_8);
+    for (String line : text.split("\n")) {
+      if (line.startsWith("{\"commitInfo\"") && line.matches(".*\"txnId\"\\s*:\\s*\"[^\"]+\".*")) {
+        return true;
+      }
+    }
+    return false;
   }
 
   private static void writeDurably(java.nio.file.Path temp, byte[] body) throws IOException {
