@@ -560,7 +560,8 @@ def _start_control(cfg: EngineConfig, spark: Any) -> Any:
                ["forecast", "--minutes", "1"], ["history", "--id", "-"], ["topics"],
                ["lag"])  # fmt: skip
 
-    server.warm_up([[*command, *where] for command in reading])
+    if cfg.control_warm_up:
+        server.warm_up([[*command, *where] for command in reading])
     return server
 
 

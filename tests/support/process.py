@@ -38,7 +38,8 @@ def cli(capsys: pytest.CaptureFixture[str], cfg: EngineConfig, *args: str) -> tu
 
 
 def engine_args(cfg: EngineConfig, *extra: str, catalog: str = "memory") -> list[str]:
-    """``--set`` arguments that point a job at ``cfg``'s lakehouse and levels.
+    """``--set`` arguments that point a job at ``cfg``'s lakehouse and levels, without the
+    control endpoint's warm-up.
 
     Names live in ``catalog``: per session by default, which spares each process the 4 s of
     opening the embedded metastore; tests about names pass ``catalog="embedded"``.
@@ -51,6 +52,11 @@ def engine_args(cfg: EngineConfig, *extra: str, catalog: str = "memory") -> list
         "spark.log_level": "ERROR",
         "spark.conf.spark.ui.enabled": "false",
         "sql.catalog": catalog,
+        # The reading commands run once at start make a user's first command quick: 12 of
+        # an engine start's 23 CPU-s here, paid by each of the suite's engine processes on 2
+        # cores. Commands work the same without (a first one pays its Spark reads); the README
+        # check's engines keep the default.
+        "control.warm_up": "false",
     }
     if cfg.on_object_store:  # credentials come from the environment (start(..., env=...))
         settings["storage.s3.endpoint"] = cfg.s3_endpoint

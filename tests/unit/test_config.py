@@ -17,6 +17,7 @@ def test_shipped_conf_loads_with_rocketmq_defaults() -> None:
     assert cfg.max_body_bytes == 4 * 1024 * 1024
     assert cfg.database == "delayq"
     assert cfg.spark_conf["spark.sql.shuffle.partitions"] == "2"
+    assert cfg.control_enabled and cfg.control_warm_up
 
 
 def test_overrides_win_over_the_file() -> None:
@@ -43,6 +44,7 @@ def test_dedup_window_defaults_to_the_longest_level_and_can_be_off() -> None:
         ("messages.max_body_bytes", "-1", "greater than 0"),
         ("lakehouse.database", "my-db", "SQL identifier"),
         ("sql.register_tables", "maybe", "true or false"),
+        ("control.warm_up", "later", "true or false"),
         ("delivery.pol_interval", "1s", "unknown key"),
         ("messages.max_property_name_length", "16", "at least 32"),
         ("messages.allow_empty_body", "perhaps", "true or false"),
