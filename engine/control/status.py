@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from engine.core.config import EngineConfig
 from engine.deliver.checkpoint import Progress, read_checkpoint
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.live_files import LiveFiles
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -81,22 +84,34 @@ class RowCounts:
 
     def __init__(self) -> None:
         self._live: dict[str, LiveFiles] = {}
-        self._lock = threading.Lock()  # the engine's loop and its metrics server both ask
+        self._by_spark: set[str] = set()  # tables the logs' statistics cannot count
+        self._lock = threading.Lock()  # a running engine's loop and a caller's thread may ask
 
     def __call__(self, spark: SparkSession, path: str) -> int:
         """The rows of the Delta table at ``path``, as of its latest version."""
         with self._lock:
-            live = self._live.setdefault(path, LiveFiles(path))
-            try:
-                version = live.latest()
-                rows = [f.rows for f in live.files(version)] if version >= 0 else [None]
-            except ValueError:  # deletion vectors: Spark reads them
-                rows = [None]
-            if any(n is None for n in rows):
-                live.reset()
-                return _spark_count(spark, path)
-            live.retire(version)  # only the live files are kept from one call to the next
-            return sum(n for n in rows if n is not None)
+            if path not in self._by_spark:
+                live = self._live.setdefault(path, LiveFiles(path))
+                try:
+                    version = live.latest()
+                    if version < 0:  # no table (yet): Spark says so
+                        return _spark_count(spark, path)
+                    rows = [f.rows for f in live.files(version)]
+                except OSError:  # the store, for now: Spark counts this once
+                    log.debug("%s: counted by Spark this time", path, exc_info=True)
+                    live.reset()
+                    return _spark_count(spark, path)
+                except Exception:  # deletion vectors, a feature delta-rs cannot read...
+                    log.debug("%s: counted by Spark", path, exc_info=True)
+                    rows = [None]
+                if all(n is not None for n in rows):
+                    live.retire(version)  # only the live files are kept from call to call
+                    return sum(n for n in rows if n is not None)
+                # A file without statistics, or what only Spark reads: Spark counts this
+                # table from now on (as it did every table before).
+                self._by_spark.add(path)
+                del self._live[path]
+        return _spark_count(spark, path)
 
 
 def _spark_count(spark: SparkSession, path: str) -> int:

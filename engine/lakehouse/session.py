@@ -11,9 +11,10 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import signal
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -202,7 +203,7 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
     settings = {**DELTA_CONF, "spark.driver.extraJavaOptions": driver_java_options(cfg)}
     for key, value in {**settings, **cfg.spark_conf, **(extra_conf or {})}.items():
         builder = builder.config(key, value)
-    spark = builder.getOrCreate()
+    spark = _keeping_sigint(builder.getOrCreate)
     if "PYSPARK_PYTHON" not in os.environ:
         # Python data sources (the stamping query's commitlog source) run the interpreter
         # their registration names, which PySpark takes from PYSPARK_PYTHON ("python3"
@@ -214,6 +215,24 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
     _check_delta(spark)
     if cfg.register_tables:
         register_all(spark, cfg)  # a reader's session start: name what exists
+    return spark
+
+
+def _keeping_sigint(get_or_create: Callable[[], SparkSession]) -> SparkSession:
+    """``get_or_create()``, keeping a SIGINT handler the caller installed.
+
+    A new SparkContext installs its own SIGINT handler (cancel every job, raise
+    KeyboardInterrupt wherever the main thread is, even inside a py4j call). A caller that
+    handles Ctrl-C itself (``delayq run``'s clean stop) keeps its handler through the
+    session's set-up that follows (the metastore, naming the tables); a plain session
+    (a notebook, a REPL: Python's default handler) gets Spark's.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return get_or_create()
+    before = signal.getsignal(signal.SIGINT)
+    spark = get_or_create()
+    if callable(before) and before is not signal.default_int_handler:
+        signal.signal(signal.SIGINT, before)
     return spark
 
 

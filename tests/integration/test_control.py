@@ -52,7 +52,10 @@ def running(tmp_path_factory: pytest.TempPathFactory) -> Iterator[EngineConfig]:
         spark_conf=TEST_SPARK_CONF,
     )
     # No idle checkpoint flush during the module: `status` shows the same watermark twice.
-    settings = engine_args(cfg, "--set", "delivery.checkpoint_flush_interval=1h")
+    # The warm-up on, as a user's engine has it: the module's first commands meet it running.
+    settings = engine_args(
+        cfg, "--set", "delivery.checkpoint_flush_interval=1h", "--set", "control.warm_up=true"
+    )
     log = root / "engine.log"
     proc = start([str(VENV_BIN / "delayq"), "run", *settings], log)
     try:

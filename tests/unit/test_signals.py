@@ -74,3 +74,29 @@ def test_a_handler_spark_installs_in_between_is_taken_over_and_given_back() -> N
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.splitlines() == ["stop requested", "spark's handler back: True"]
+
+
+def test_a_new_spark_session_keeps_a_ctrl_c_handler_its_caller_installed() -> None:
+    """``build_spark`` (``_keeping_sigint``): the SparkContext it makes installs Spark's own
+    SIGINT handler; a caller's handler (``delayq run``'s clean stop) comes back at once, so
+    it covers the session's set-up after, while a plain session keeps Spark's."""
+    from engine.lakehouse.session import _keeping_sigint
+
+    def sparks(_number: int, _frame: object) -> None: ...
+
+    def callers(_number: int, _frame: object) -> None: ...
+
+    def new_context() -> str:
+        signal.signal(signal.SIGINT, sparks)
+        return "spark"
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        signal.signal(signal.SIGINT, callers)
+        assert _keeping_sigint(new_context) == "spark"  # type: ignore[arg-type]
+        assert signal.getsignal(signal.SIGINT) is callers
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        _keeping_sigint(new_context)  # type: ignore[arg-type]
+        assert signal.getsignal(signal.SIGINT) is sparks
+    finally:
+        signal.signal(signal.SIGINT, before)
