@@ -154,7 +154,7 @@ class Engine:
             spark, cfg, self.layout, self._deliver_until, self._watermark
         )
         self.stats = DeliveryStats()
-        self._row_counts = RowCounts()  # status() counts from the logs, followed
+        self._row_counts = RowCounts()  # status(): each table's log followed from call to call
         self._listeners: list[RoundListener] = []
         self._loop: threading.Thread | None = None
         self._stamp_loop: threading.Thread | None = None
