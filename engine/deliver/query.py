@@ -39,7 +39,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.lakehouse.fs import spark_offset
 from engine.lakehouse.layout import Layout
-from engine.lakehouse.session import link_checkpoints
+from engine.lakehouse.session import QuietStreamReader, link_checkpoints
 from engine.stamp.query import query_failure
 
 QUERY_NAME = "delayq-deliver"
@@ -65,7 +65,7 @@ class ClockStream(DataSource):
         return ClockReader(int(self.options["start"]), int(self.options["lead"]))
 
 
-class ClockReader(DataSourceStreamReader):
+class ClockReader(QuietStreamReader):
     """Plans each batch's watermark from the clock (see :class:`ClockStream`); a batch holds
     one row, its watermark."""
 

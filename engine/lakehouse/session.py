@@ -20,6 +20,7 @@ from pathlib import Path
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
+from pyspark.sql.datasource import DataSourceStreamReader
 
 from engine.core.config import DEFAULT_CONF, EngineConfig
 from engine.core.errors import SetupError
@@ -264,6 +265,26 @@ def link_checkpoints(spark: SparkSession) -> bool:
         return False
     spark.conf.set(CHECKPOINT_MANAGER_KEY, LINK_CHECKPOINT_MANAGER)
     return True
+
+
+class QuietStreamReader(DataSourceStreamReader):
+    """A Python streaming source's reader whose planning process ends without a word when
+    Spark hangs up on it.
+
+    Spark plans a Python source's batches in a Python process of its own and ends it by
+    closing its connection when the query stops; PySpark's runner then tries to report the
+    closed connection on that same connection and prints the failure, three tracebacks, to
+    the console. :meth:`stop`, which the runner calls on its way out, ends the process
+    quietly instead when (and only when) the connection is gone; any other failure is
+    reported to Spark as before.
+
+    Example:
+        >>> class ClockReader(QuietStreamReader): ...  # doctest: +SKIP
+    """
+
+    def stop(self) -> None:
+        if isinstance(sys.exception(), (EOFError, BrokenPipeError, ConnectionResetError)):
+            os._exit(0)
 
 
 def _open_metastore(spark: SparkSession, cfg: EngineConfig) -> None:

@@ -60,7 +60,7 @@ from engine.lakehouse.fs import put_if_absent, read_text, spark_offset
 from engine.lakehouse.layout import Layout
 from engine.lakehouse.lease import unfenced
 from engine.lakehouse.offset_log import OffsetLog
-from engine.lakehouse.session import link_checkpoints
+from engine.lakehouse.session import QuietStreamReader, link_checkpoints
 from engine.lakehouse.storage import arrive, carried
 from engine.stamp.source import Added, CommitlogSource, Position
 from engine.stamp.stamper import KEEP_PLANS, BatchResult, Stamper, StampPlan, StampStats
@@ -130,7 +130,7 @@ def _offset(position: Position) -> dict[str, int]:
     return {"version": position.version, "index": position.index}
 
 
-class CommitlogReader(DataSourceStreamReader):
+class CommitlogReader(QuietStreamReader):
     """Plans batches from ``commitlog``'s Delta log (on the driver) and reads their files (on
     executors); see :class:`CommitlogStream`."""
 
