@@ -167,6 +167,14 @@ def make_cfg(tmp_path: pytest.TempPathFactory) -> object:
             "register_tables": False,
             "log_level": "ERROR",
             "spark_conf": TEST_SPARK_CONF,
+            # In-process engines are stepped by hand (Engine.step, run_available): the
+            # batches and rounds the driver path runs are the code the queries' small
+            # batches and rounds run, without a streaming query's start and stop per step
+            # (3x the test time). The queries themselves (the default) are tested by
+            # test_streaming_stages.py and by every engine process (tests/support/process.py
+            # passes no mode), the kill tests included.
+            "stamp_mode": "driver",
+            "delivery_mode": "driver",
         }
         settings.update(changes)
         return EngineConfig(**settings)  # type: ignore[arg-type]

@@ -356,16 +356,18 @@ class EngineConfig:
             the driver's memory while it is written).
         stamp_file_rows: about this many rows per ``schedule`` file; smaller files narrow the
             deliver-time range each covers, so rounds skip more of a large backlog.
-        stamp_mode: ``driver`` (a driver thread stamps, no Spark job) or ``streaming``
-            (the Structured Streaming query ``delayq-stamp``: Spark's offsets log plans each
-            batch, Spark tasks stamp and write it). A lakehouse stamped by the query stays so.
+        stamp_mode: ``streaming`` (the default: the Structured Streaming query
+            ``delayq-stamp``; Spark's offsets log plans each batch, Spark tasks stamp and write
+            a large one) or ``driver`` (a driver thread stamps, no Spark job). A lakehouse
+            stamped by the query stays so.
         stamp_driver_bytes: with ``streaming``, a batch of at most this many ``commitlog``
             bytes is read, stamped and written on the driver instead of by Spark tasks
             (three Spark jobs less per batch); 0: every batch goes to Spark tasks.
         poll_interval_ms: how often the delivery stage looks for due messages.
-        delivery_mode: ``driver`` (a driver thread runs the rounds) or ``streaming`` (the
-            Structured Streaming query ``delayq-deliver``: each trigger plans its watermark
-            into Spark's offsets log, and its ``foreachBatch`` runs the round up to it).
+        delivery_mode: ``streaming`` (the default: the Structured Streaming query
+            ``delayq-deliver``; each trigger plans its watermark into Spark's offsets log, and
+            its ``foreachBatch`` runs the round up to it) or ``driver`` (a driver thread runs
+            the rounds).
         deliver_driver_rows: with ``streaming``, a round whose window's ``schedule`` files
             hold at most this many rows is read and written on the driver; a larger one by
             Spark tasks (the driver commits their files); 0: every round that reads a file
@@ -447,14 +449,14 @@ class EngineConfig:
     stamp_max_files: int = 1000
     stamp_file_rows: int = 100_000
     stamp_max_bytes: int = 16 * 1024 * 1024
-    stamp_mode: str = "driver"
+    stamp_mode: str = "streaming"
     stamp_driver_bytes: int = 4 * 1024 * 1024
     poll_interval_ms: int = 200
     checkpoint_flush_ms: int = 10_000
     progress_interval_ms: int = 5_000
     topic_writers: int = 4
     max_lead_ms: int = 500
-    delivery_mode: str = "driver"
+    delivery_mode: str = "streaming"
     deliver_driver_rows: int = 200_000
     lease_timeout_ms: int = 15_000
     lease_standby: bool = False

@@ -1,6 +1,7 @@
-"""The stages as streaming queries (``stamp.mode`` and ``delivery.mode = streaming``) killed
-with SIGKILL in the middle of a micro-batch of each, with Spark's checkpoint and the stage's
-own record one step apart both ways, then run to the end: every message once, never early."""
+"""The stages as streaming queries (``stamp.mode`` and ``delivery.mode = streaming``, the
+default) killed with SIGKILL in the middle of a micro-batch of each, with Spark's checkpoint
+and the stage's own record one step apart both ways, on a lakehouse the driver threads left
+mid-round, then run to the end: every message once, never early."""
 
 from __future__ import annotations
 
@@ -77,7 +78,9 @@ def _killed_at(point: str, command: list[str], folder: Path) -> dict[str, str]:
 def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
-    """A lakehouse stamped by the driver path, then by the queries. The stamping query, its
+    """A lakehouse stamped by the driver path, then left by an engine on driver threads (the
+    only mode before) killed with a round planned and none committed, then taken over by the
+    queries, which replay that round once. The stamping query, its
     Spark tasks stamping and writing every batch (``stamp.driver_batch_bytes = 0``), is killed
     with a batch in Spark's offsets log and its files written by the tasks but not committed
     (the replay writes it, the files stay outside the table), then with the batch written
@@ -88,8 +91,9 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     cfg = make_cfg()
     lay = layout(cfg)
     until = ["--until-idle", "--max-seconds", "90"]
-    modes = ["--set", "stamp.mode=streaming", "--set", "delivery.mode=streaming"]
-    streaming = [*engine_args(cfg, "--show", "0"), *until, *modes]
+    streaming = [*engine_args(cfg, "--show", "0"), *until]  # the default modes
+    threads = ["--set", "stamp.mode=driver", "--set", "delivery.mode=driver"]
+    on_threads = [*engine_args(cfg, "--show", "0"), *until, *threads]
     in_tasks = [*streaming, "--set", "stamp.driver_batch_bytes=0"]  # the stamping kills
     round_tasks = [*streaming, "--set", "delivery.driver_round_rows=0"]  # the first round kill
     checkpoint = Path(lay.checkpoint("stamp-query"))
@@ -99,6 +103,11 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     ensure_tables(spark, cfg)
     ids, resent = _wave(spark, cfg, 0, [])
     assert Stamper(spark, cfg, lay, SystemClock()).run_available() == len(ids)  # driver path
+    sent, again = _wave(spark, cfg, 9, ids)
+    ids, resent = ids + sent, resent + again
+    where = _killed_at("plan", [*killing, "plan", "1", *on_threads], tmp_path)
+    left = Path(lay.delay_offset) / f"{int(where['round']):020d}"
+    assert Path(f"{left}.plan.json").exists() and not Path(f"{left}.json").exists()
     by_driver = highest_batch(ArrowDelta(lay.schedule))
 
     for k, point in enumerate(("tasks-written", "query-written"), start=1):
