@@ -275,16 +275,39 @@ class QuietStreamReader(DataSourceStreamReader):
     closing its connection when the query stops; PySpark's runner then tries to report the
     closed connection on that same connection and prints the failure, three tracebacks, to
     the console. :meth:`stop`, which the runner calls on its way out, ends the process
-    quietly instead when (and only when) the connection is gone; any other failure is
-    reported to Spark as before.
+    quietly instead when (and only when) the runner's own read or write of the connection
+    failed; any other failure (one raised in delayq's code) is reported to Spark as before.
 
     Example:
         >>> class ClockReader(QuietStreamReader): ...  # doctest: +SKIP
     """
 
     def stop(self) -> None:
-        if isinstance(sys.exception(), (EOFError, BrokenPipeError, ConnectionResetError)):
+        if hung_up(sys.exception()):
             os._exit(0)
+
+
+_ENGINE_DIR = str(Path(__file__).resolve().parent.parent)
+
+
+def hung_up(err: BaseException | None) -> bool:
+    """Whether ``err`` is a closed connection met outside delayq's code (PySpark's runner
+    reading or writing its socket).
+
+    Example:
+        >>> hung_up(EOFError())
+        True
+        >>> hung_up(ValueError("a bug"))
+        False
+    """
+    if not isinstance(err, (EOFError, BrokenPipeError, ConnectionResetError)):
+        return False
+    frame = err.__traceback__
+    while frame is not None:
+        if frame.tb_frame.f_code.co_filename.startswith(_ENGINE_DIR):
+            return False  # raised in (or through) delayq's code: Spark hears of it
+        frame = frame.tb_next
+    return True
 
 
 def _open_metastore(spark: SparkSession, cfg: EngineConfig) -> None:
