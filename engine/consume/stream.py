@@ -9,6 +9,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
 
@@ -29,6 +30,8 @@ from engine.lakehouse.delta_log import table_id
 from engine.lakehouse.fs import stream_query_id
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_consumer_log, ensure_topic_table
+
+log = logging.getLogger(__name__)
 
 #: What a stream handler gets: topic rows plus ``table`` and :func:`consumer_columns`.
 Handler = Callable[[DataFrame], DataFrame | None]
@@ -96,10 +99,18 @@ def consume_stream(
         # Batch ids start again in a new checkpoint: commits are named after its query id.
         if not mode:
             mode.append(f"{STREAM}-{stream_query_id(checkpoint)}")
-        _stream_batch(
-            spark, cfg, group, chosen, handler, batch, (mode[0], log_id), batch_id, clock.now(),
-            keep,
-        )  # fmt: skip
+        try:
+            _stream_batch(
+                spark, cfg, group, chosen, handler, batch, (mode[0], log_id), batch_id,
+                clock.now(), keep,
+            )  # fmt: skip
+        except Exception as err:
+            # Said here: Spark's own line about the query's end goes to spark.log only
+            # (conf/log4j2.properties), and a caller may never look at the query.
+            said = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            log.error("consumer group %s: batch %d failed, its stream stops: %s",
+                      group, batch_id, said, exc_info=err)  # fmt: skip
+            raise
 
     writer = (
         stream.writeStream.foreachBatch(run_batch)

@@ -304,7 +304,7 @@ def hung_up(err: BaseException | None) -> bool:
         return False
     frame = err.__traceback__
     while frame is not None:
-        if frame.tb_frame.f_code.co_filename.startswith(_ENGINE_DIR):
+        if os.path.realpath(frame.tb_frame.f_code.co_filename).startswith(_ENGINE_DIR):
             return False  # raised in (or through) delayq's code: Spark hears of it
         frame = frame.tb_next
     return True

@@ -394,6 +394,7 @@ class Engine:
                         if watch is not None:
                             watch(query)
                     if self._stopping.is_set():
+                        _settle(query)
                         return
                     err = failure()
                     if err is None:
@@ -498,8 +499,9 @@ class Engine:
         self._stopping.set()
 
     def stop(self) -> None:
-        """Stop the delivery and stamping stages; a round or batch in progress finishes first
-        (one cut short by the process dying is run again at the next start)."""
+        """Stop the delivery and stamping stages. On driver threads a round or batch in
+        progress finishes first; a query's batch in progress may be cut short by the query's
+        stop (it is run again at the next start, as one cut short by the process dying)."""
         self._stopping.set()
         if self._round.acquire(timeout=STOP_WAIT_S):  # no new round starts once stopping
             self._round.release()
@@ -620,3 +622,18 @@ class Engine:
         final = self.status()
         self.out(f"[{self.clock.now():%H:%M:%S}] {final.line(self.cfg.levels.label)}")
         return final
+
+
+def _settle(query: StreamingQuery, wait_s: float = STOP_WAIT_S) -> None:
+    """Let a stopping query's batch in progress finish (at most ``wait_s``) before the query
+    is stopped, as the driver threads finish theirs: a delivery round names the tables it
+    made and a stamping batch commits both tables, instead of being interrupted (and run
+    again at the next start). New batches do nothing once the engine is stopping."""
+    deadline = time.monotonic() + wait_s
+    while time.monotonic() < deadline:
+        try:
+            if not query.isActive or not query.status["isTriggerActive"]:
+                return
+        except Exception:  # (the query ended meanwhile)
+            return
+        time.sleep(0.05)

@@ -64,7 +64,7 @@ def test_on_the_cluster_every_message_once_never_early_through_a_lost_worker_and
         "--set", "spark.conf.spark.cores.max=2",
         "--set", "spark.conf.spark.executor.memory=1g",
     ]  # fmt: skip
-    settings = engine_args(cfg, *on_cluster)
+    settings = engine_args(cfg, *on_cluster, queries=True)
     delayq = str(VENV_BIN / "delayq")
     env = s3.environment()
     first = start_process([delayq, "run", *settings], tmp_path / "first.log", env)

@@ -40,7 +40,7 @@ def test_spark_submit_stops_cleanly_on_ctrl_c_and_sigterm(
     """(``delayq run`` stopped with Ctrl-C: the standby of the fencing test below.)"""
     cfg = make_cfg()
     log = tmp_path / "run.log"
-    job = ["jobs/delay_engine.py", *engine_args(cfg, "--set", WARN)]
+    job = ["jobs/delay_engine.py", *engine_args(cfg, "--set", WARN, queries=True)]
     proc = start([str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS), *job], log)
     try:
         wait_for(lambda: "delivered" in log.read_text(), 120, "a progress line")
@@ -281,7 +281,7 @@ def test_a_second_engine_is_refused_and_a_stalled_one_is_fenced_once_a_standby_t
     progress, not a stamping batch. Every message once, never early, across it."""
     cfg = make_cfg()
     delayq = str(VENV_BIN / "delayq")
-    run = [delayq, "run", *engine_args(cfg, "--set", "lease.timeout=10s")]
+    run = [delayq, "run", *engine_args(cfg, "--set", "lease.timeout=10s", queries=True)]
     logs = {name: tmp_path / f"{name}.log" for name in ("a", "b", "standby")}
     # two engines started together: one takes the lakehouse, the other refuses at once
     procs = {name: start(run, logs[name]) for name in ("a", "b")}

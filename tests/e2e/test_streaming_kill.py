@@ -91,9 +91,8 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     cfg = make_cfg()
     lay = layout(cfg)
     until = ["--until-idle", "--max-seconds", "90"]
-    streaming = [*engine_args(cfg, "--show", "0"), *until]  # the default modes
-    threads = ["--set", "stamp.mode=driver", "--set", "delivery.mode=driver"]
-    on_threads = [*engine_args(cfg, "--show", "0"), *until, *threads]
+    streaming = [*engine_args(cfg, "--show", "0", queries=True), *until]  # the default
+    on_threads = [*engine_args(cfg, "--show", "0"), *until]  # stamp/delivery.mode=driver
     in_tasks = [*streaming, "--set", "stamp.driver_batch_bytes=0"]  # the stamping kills
     round_tasks = [*streaming, "--set", "delivery.driver_round_rows=0"]  # the first round kill
     checkpoint = Path(lay.checkpoint("stamp-query"))

@@ -540,3 +540,35 @@ def test_polls_across_many_rounds_and_a_compaction_return_each_message_once_in_o
     rows = table_rows(spark, cfg, "orders")  # delivery order, as the table has it
     assert len(rows) == 33
     assert [m.position for m in seen] == sorted({m.position for m in seen})  # ascending, once
+
+
+def test_a_consumer_stream_whose_batch_fails_says_so_in_one_line(
+    spark: SparkSession,
+    cfg: EngineConfig,
+    clock: FakeClock,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """Spark's own line about a query's end goes to spark.log only (conf/log4j2.properties):
+    the stream says why it stopped itself, naming the group and the batch."""
+    import engine.consume.stream as stream
+
+    engine = quiet_engine(spark, cfg, clock)
+    send_many(spark, cfg, [Message("orders", "a")], clock)
+    engine.step()
+
+    def broken(*args: Any, **kwargs: Any) -> None:
+        raise OSError("disk full")
+
+    monkeypatch.setattr(stream, "_stream_batch", broken)
+    query = consume_stream(
+        spark, cfg, "audit", ["orders"], lambda b: None, settings=FAST, clock=clock,
+        available_now=True,
+    )  # fmt: skip
+    try:
+        with pytest.raises(Exception, match="disk full"):
+            query.awaitTermination()
+    finally:
+        query.stop()
+    said = [r.getMessage() for r in caplog.records if r.name == "engine.consume.stream"]
+    assert said == ["consumer group audit: batch 0 failed, its stream stops: OSError: disk full"]

@@ -67,27 +67,54 @@ class _Heard(StreamingQueryListener):
 
 
 def test_the_query_goes_on_from_the_driver_path_and_a_replayed_batch_stores_nothing_twice(
-    spark: SparkSession, make_cfg: Any
+    spark: SparkSession, make_cfg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Spark's checkpoint one step behind the tables (killed after the writes, before Spark's
-    commit): the batch runs again, over the same files, and stores nothing twice. Its batch
-    numbers go on from the driver path's, which then refuses the lakehouse."""
+    """The driver path's last batch cut short between its two tables' commits (a kill there,
+    as an engine on driver threads may leave a lakehouse): the query's first start finishes
+    it, storing nothing twice. Spark's checkpoint one step behind the tables (killed after
+    the writes, before Spark's commit): the batch runs again, over the same files, and
+    stores nothing twice. Its batch numbers go on from the driver path's, which then refuses
+    the lakehouse."""
     cfg: EngineConfig = make_cfg()
     lay, clock = layout(cfg), SystemClock()
     ensure_tables(spark, cfg)
     first = _send(spark, cfg, "a")
     driver = Stamper(spark, cfg, lay, clock)
     assert driver.run_available() == 5
-    driver_batch = highest_batch(ArrowDelta(lay.schedule))
+
+    class Cut(Exception):
+        pass
+
+    append = StampWriter._append
+
+    by_then = highest_batch(ArrowDelta(lay.schedule))
+
+    def cut_after_schedule(
+        self: StampWriter, rows: Any, path: str, batch_id: int, *args: Any
+    ) -> None:
+        append(self, rows, path, batch_id, *args)
+        if path == lay.schedule and batch_id > by_then:  # (not a replay of an earlier one)
+            raise Cut  # the process dies here: `quarantine` and the batch's end not written
+
+    cut = _send(spark, cfg, "i")
+    with monkeypatch.context() as patched:
+        patched.setattr(StampWriter, "_append", cut_after_schedule)
+        with pytest.raises(Cut):
+            Stamper(spark, cfg, lay, clock).run_available()
+    cut_plan = newest_plan(lay)
+    assert cut_plan is not None and cut_plan.batch == by_then + 1  # cut short in schedule
+    driver_batch = cut_plan.batch
+    assert {b for m, b in _stamped(spark, cfg) if m in cut} == {driver_batch}
 
     stamping = StampQuery(spark, cfg, lay, clock)
     second = _send(spark, cfg, "b")
-    assert stamping.run_available() == 5
+    assert stamping.run_available() == 5  # "b" (the cut batch is finished at its open)
     third = _send(spark, cfg, "c")
     assert stamping.run_available() == 5
     rows = _stamped(spark, cfg)
-    assert sorted(m for m, _ in rows) == sorted(first + second + third)
-    query_batches = sorted({b for _, b in rows} - {driver_batch})
+    assert sorted(m for m, _ in rows) == sorted(first + cut + second + third)  # each once
+    assert {b for m, b in rows if m in cut} == {driver_batch}  # under the driver's number
+    query_batches = sorted({b for _, b in rows} - {driver_batch - 1, driver_batch})
     assert query_batches == [driver_batch + 1, driver_batch + 2]
     plan = newest_plan(lay)
     assert plan is not None and plan.batch == driver_batch + 2  # what maintenance reads
