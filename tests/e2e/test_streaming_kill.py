@@ -20,6 +20,7 @@ from engine.lakehouse.arrow_delta import ArrowDelta
 from engine.lakehouse.layout import layout
 from engine.lakehouse.tables import ensure_tables
 from engine.produce.send import Message, send_many
+from engine.stamp.query import newest_plan
 from engine.stamp.stamper import Stamper
 from engine.stamp.writer import highest_batch
 from tests.support.crash_points import said
@@ -107,7 +108,9 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     where = _killed_at("plan", [*killing, "plan", "1", *on_threads], tmp_path)
     left = Path(lay.delay_offset) / f"{int(where['round']):020d}"
     assert Path(f"{left}.plan.json").exists() and not Path(f"{left}.json").exists()
-    by_driver = highest_batch(ArrowDelta(lay.schedule))
+    planned = newest_plan(lay)  # the driver's last batch (the kill may have cut it short)
+    assert planned is not None
+    by_driver = planned.batch
 
     for k, point in enumerate(("tasks-written", "query-written"), start=1):
         sent, again = _wave(spark, cfg, k, ids)
