@@ -25,6 +25,7 @@ from engine.consume.retry import check_retry_delays, consumer_columns, sendback_
 from engine.consume.subscription import known_topics
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig, GroupConfig
+from engine.core.errors import one_line
 from engine.core.topics import check_group, retry_topic
 from engine.lakehouse.delta_log import table_id
 from engine.lakehouse.fs import stream_query_id
@@ -107,9 +108,8 @@ def consume_stream(
         except Exception as err:
             # Said here: Spark's own line about the query's end goes to spark.log only
             # (conf/log4j2.properties), and a caller may never look at the query.
-            said = f"{type(err).__name__}: {err}".splitlines()[0][:300]
             log.error("consumer group %s: batch %d failed, its stream stops: %s",
-                      group, batch_id, said, exc_info=err)  # fmt: skip
+                      group, batch_id, one_line(err), exc_info=err)  # fmt: skip
             raise
 
     writer = (

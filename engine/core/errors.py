@@ -8,6 +8,17 @@ in input, configuration or environment.
 from __future__ import annotations
 
 
+def one_line(err: BaseException) -> str:
+    """An exception as one line for a log or a status: its class and its message's first line,
+    at most 300 characters.
+
+    Example:
+        >>> one_line(OSError("disk full\\nmore"))
+        'OSError: disk full'
+    """
+    return f"{type(err).__name__}: {err}".splitlines()[0][:300]
+
+
 class DelayQError(Exception):
     """Root of every error raised by the engine."""
 

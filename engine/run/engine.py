@@ -45,6 +45,7 @@ from engine.core.errors import (
     FencedError,
     RetryableError,
     StampError,
+    one_line,
 )
 from engine.deliver.lateness import Lateness
 from engine.deliver.query import DeliverQuery
@@ -426,7 +427,7 @@ class Engine:
     def _stamping_failed(self, err: BaseException, failing: int) -> int:
         failing += 1
         if failing >= MAX_FAILED_ROUNDS:
-            last = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            last = one_line(err)
             raise StampError(f"{failing} stamping batches failed in a row; last: {last}")
         log.error("stamping batch failed; retrying in %.0f s", ERROR_BACKOFF_S, exc_info=err)
         self._stopping.wait(ERROR_BACKOFF_S)
@@ -469,7 +470,7 @@ class Engine:
     def _retry_later(self, err: BaseException) -> None:
         self.stats.errors += 1
         self.stats.failing += 1
-        self.stats.last_error = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+        self.stats.last_error = one_line(err)
         if self.stats.failing >= MAX_FAILED_ROUNDS:
             # The same failure for minutes is not transient: stop and say so.
             failed = f"{self.stats.failing} delivery rounds failed in a row"
@@ -499,9 +500,9 @@ class Engine:
         self._stopping.set()
 
     def stop(self) -> None:
-        """Stop the delivery and stamping stages. On driver threads a round or batch in
-        progress finishes first; a query's batch in progress may be cut short by the query's
-        stop (it is run again at the next start, as one cut short by the process dying)."""
+        """Stop the delivery and stamping stages; a round or batch in progress finishes first,
+        within ``STOP_WAIT_S`` (one cut short, or by the process dying, is run again at the
+        next start)."""
         self._stopping.set()
         if self._round.acquire(timeout=STOP_WAIT_S):  # no new round starts once stopping
             self._round.release()
