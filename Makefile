@@ -7,7 +7,7 @@ VENV      := .venv
 BIN       := $(VENV)/bin
 JARS      := .jars
 SPARK_PROPS := $(JARS)/spark-defaults.conf
-# The classes a delayq Spark loads, mapped at each start (engine/lakehouse/session.py).
+# The classes a delayq Spark loads, mapped at each start (engine/lakehouse/catalog/session.py).
 CLASS_ARCHIVE := $(JARS)/classes.jsa
 USE_ARCHIVE := -XX:SharedArchiveFile=$(abspath $(CLASS_ARCHIVE)) -Xlog:cds=off -Xlog:cds+dynamic=off
 # spark-submit runs the job with the venv's Python, driver and workers alike.

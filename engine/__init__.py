@@ -47,14 +47,14 @@ _WHERE = {
     "LevelTable": "engine.core.levels",
     "parse_levels": "engine.core.levels",
     "Message": "engine.core.message",
-    "build_spark": "engine.lakehouse.session",
+    "build_spark": "engine.lakehouse.catalog.session",
     "send": "engine.produce.send",
     "send_arrow": "engine.produce.send",
     "send_df": "engine.produce.send",
     "send_many": "engine.produce.send",
     "Engine": "engine.run.engine",
 }
-_RENAMED = {"refresh_tables": ("engine.lakehouse.catalog", "register_all")}
+_RENAMED = {"refresh_tables": ("engine.lakehouse.catalog.names", "register_all")}
 
 if TYPE_CHECKING:
     from engine.consume.consumer import Consumer, Received
@@ -76,8 +76,8 @@ if TYPE_CHECKING:
     )
     from engine.core.levels import LevelTable, parse_levels
     from engine.core.message import Message
-    from engine.lakehouse.catalog import register_all as refresh_tables
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.names import register_all as refresh_tables
+    from engine.lakehouse.catalog.session import build_spark
     from engine.produce.send import send, send_arrow, send_df, send_many
     from engine.run.engine import Engine
 

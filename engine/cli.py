@@ -353,7 +353,7 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq send``: print the id of every message sent."""
     from pyspark.sql import SparkSession
 
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
     from engine.produce.send import commitlog_ready, send_many
 
     if args.file:
@@ -386,8 +386,8 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def show_topics(spark: Any, cfg: EngineConfig, limit: int) -> None:
     """Print each topic table's newest rows, with the lateness of each delivery."""
-    from engine.lakehouse.delta_log import list_topics
-    from engine.lakehouse.layout import layout
+    from engine.lakehouse.delta.delta_log import list_topics
+    from engine.lakehouse.storage.layout import layout
 
     for name in list_topics(cfg):
         df = spark.read.format("delta").load(layout(cfg).topic(name))
@@ -406,7 +406,7 @@ def show_topics(spark: Any, cfg: EngineConfig, limit: int) -> None:
 
 def cmd_run(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq run`` (and the spark-submit job): run the engine."""
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
     from engine.produce.send import send_many
     from engine.run.engine import Engine
     from engine.run.signals import StopSignals
@@ -569,10 +569,10 @@ def cmd_status(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq status``: counts per level from the tables and the checkpoint."""
     from engine.control.status import read_status
     from engine.core.clock import SystemClock
-    from engine.lakehouse.layout import layout
-    from engine.lakehouse.lease import Lease, holder_line
-    from engine.lakehouse.session import build_spark
-    from engine.lakehouse.tables import ensure_tables
+    from engine.lakehouse.catalog.session import build_spark
+    from engine.lakehouse.delta.tables import ensure_tables
+    from engine.lakehouse.state.lease import Lease, holder_line
+    from engine.lakehouse.storage.layout import layout
     from engine.run.sql_server import read_addresses
 
     spark = build_spark(cfg)
@@ -610,7 +610,7 @@ def _print_lag(spark: Any, cfg: EngineConfig, group: str | None) -> None:
 
 def cmd_lag(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq lag``: each group's lag per topic table."""
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     spark = build_spark(cfg)
     _print_lag(spark, cfg, args.group)
@@ -637,7 +637,7 @@ def _print_members(spark: Any, cfg: EngineConfig, group: str | None) -> None:
 def cmd_dlq(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq dlq``: list, show, resend or purge a group's dead letters."""
     from engine.consume import deadletter
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     spark = build_spark(cfg)
     action = args.dlq_command
@@ -676,9 +676,9 @@ def cmd_dlq(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_topics(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq topics``: every topic table with its row count."""
-    from engine.lakehouse.delta_log import list_topics
-    from engine.lakehouse.layout import layout
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
+    from engine.lakehouse.delta.delta_log import list_topics
+    from engine.lakehouse.storage.layout import layout
 
     spark = build_spark(cfg)
     for name in list_topics(cfg):
@@ -689,7 +689,7 @@ def cmd_topics(args: argparse.Namespace, cfg: EngineConfig) -> int:
 
 def cmd_sql(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq sql``: run a query in a session with every table registered."""
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     build_spark(cfg).sql(args.query).show(args.limit, truncate=False)
     return 0
@@ -698,7 +698,7 @@ def cmd_sql(args: argparse.Namespace, cfg: EngineConfig) -> int:
 def cmd_maintain(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq maintain``: OPTIMIZE and VACUUM every table, with a line per table."""
     from engine.control.maintain import maintain
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     spark = build_spark(cfg.with_overrides(register_tables=False))
     only = set(args.table) if args.table else None
@@ -720,7 +720,7 @@ def cmd_pending(args: argparse.Namespace, cfg: EngineConfig) -> int:
     from pyspark.sql import functions as F
 
     from engine.control.inspect import pending
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     spark = build_spark(cfg)
     rows = pending(spark, cfg)
@@ -743,7 +743,7 @@ def cmd_forecast(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq forecast``: pending messages per minute over the next minutes."""
     from engine.control.inspect import forecast
     from engine.core.clock import SystemClock
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     forecast(build_spark(cfg), cfg, SystemClock().now(), args.minutes).show(
         args.minutes + 1, truncate=False
@@ -754,7 +754,7 @@ def cmd_forecast(args: argparse.Namespace, cfg: EngineConfig) -> int:
 def cmd_history(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq history``: sent, stamped, quarantined and delivered events, in order."""
     from engine.control.inspect import history
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     history(build_spark(cfg), cfg, msg_id=args.msg_id, key=args.key).show(200, truncate=False)
     return 0
@@ -792,7 +792,7 @@ def _progress(verb: str) -> Any:
 def cmd_cancel(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq cancel``: exit 0 when every message asked for was cancelled, 1 otherwise."""
     from engine.control.commands import cancel, cancel_many
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     if args.key is not None:
         spark = build_spark(cfg)
@@ -831,7 +831,7 @@ def _when(text: str, where: str) -> tuple[str | None, str | None]:
 def cmd_reschedule(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq reschedule``: exit 0 when every message was moved, 1 otherwise."""
     from engine.control.commands import reschedule_many
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     default = (args.deliver_at, args.delay)
     moves: list[tuple[str, str | None, str | None]] = []
@@ -942,7 +942,7 @@ def start_spark_held(cfg: EngineConfig) -> None:
 
     from pyspark.sql import SparkSession
 
-    from engine.lakehouse.session import build_spark
+    from engine.lakehouse.catalog.session import build_spark
 
     if SparkSession.getActiveSession() is not None:
         return
@@ -1047,7 +1047,7 @@ def run_here(
         2
     """
     from engine.control.endpoint import captured
-    from engine.lakehouse.session import separate_session
+    from engine.lakehouse.catalog.session import separate_session
 
     if spark is not None:
         with separate_session(spark):

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from engine.cli import config_from_args
 from engine.core.errors import DelayQError
-from engine.lakehouse.session import build_spark
+from engine.lakehouse.catalog.session import build_spark
 from jobs.tools.benchmark import PLANS, WORKLOADS, Bench, table
 
 

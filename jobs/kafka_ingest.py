@@ -24,7 +24,7 @@ import sys
 
 from engine.cli import config_from_args
 from engine.core.errors import DelayQError
-from engine.lakehouse.session import build_spark
+from engine.lakehouse.catalog.session import build_spark
 from engine.produce.kafka_ingest import start_ingest
 from engine.run.report import run_main, setup_logging
 from engine.run.signals import StopSignals

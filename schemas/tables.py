@@ -15,7 +15,7 @@ to read it and quarantine it with a reason instead of failing.
 | ``consumer_log`` | consumer group commit: progress or a failed message |          |
 
 ``DELAY_OFFSET`` is the row shape of the delivery checkpoint, a log of JSON files (see
-``engine.lakehouse.offset_log``) that SQL reads as the view ``<database>.delay_offset``.
+``engine.lakehouse.state.offset_log``) that SQL reads as the view ``<database>.delay_offset``.
 """
 
 from __future__ import annotations

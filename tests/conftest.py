@@ -22,7 +22,7 @@ from pyspark.sql import SparkSession
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
-from engine.lakehouse.session import build_spark
+from engine.lakehouse.catalog.session import build_spark
 from engine.run.report import LOG_DIR_ENV
 from jobs.tools.objectstore import Server
 from tests.support.lakehouse import START, TEST_SPARK_CONF

@@ -20,8 +20,8 @@ from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql import functions as F
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.delta_log import Txn, append, is_txn_race
-from engine.lakehouse.layout import layout
+from engine.lakehouse.delta.delta_log import Txn, append, is_txn_race
+from engine.lakehouse.storage.layout import layout
 from schemas import CONSUMER_LOG
 
 #: Commits of a polling consumer, and of a stream (``stream-<query id>``).

@@ -41,10 +41,10 @@ from engine.core.config import EngineConfig, GroupConfig
 from engine.core.errors import ConsumerConflictError, ConsumerError
 from engine.core.message import PROP_ORIGIN_MESSAGE_ID, PROP_RECONSUME_TIME, PROP_RETRY_TOPIC
 from engine.core.topics import RETRY_PREFIX, check_group, member_group, retry_topic
-from engine.lakehouse.catalog import register_table
-from engine.lakehouse.delta_log import VersionTracker, table_id
-from engine.lakehouse.layout import layout
-from engine.lakehouse.tables import ensure_consumer_log
+from engine.lakehouse.catalog.names import register_table
+from engine.lakehouse.delta.delta_log import VersionTracker, table_id
+from engine.lakehouse.delta.tables import ensure_consumer_log
+from engine.lakehouse.storage.layout import layout
 
 #: How often a waiting poll looks for a new commit of its tables (a file probe, no read).
 WAKE_CHECK_SECONDS = 0.1

@@ -37,7 +37,7 @@ from engine.core.message import (
     Message,
 )
 from engine.core.topics import check_group, dlq_topic
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import send_many
 
 

@@ -6,9 +6,9 @@ commit won, a read and an append to forward the send-backs to ``commitlog``, and
 of ``consumer_log`` whenever another member of the group committed. That is about 2.5 s per
 batch on a small machine, most of a ``SimpleConsumer``'s time. :class:`GroupLog` does the
 same with Arrow: it follows ``consumer_log`` commit by commit
-(:class:`~engine.lakehouse.live_files.LiveFiles`), folding only the new files into the
+(:class:`~engine.lakehouse.delta.live_files.LiveFiles`), folding only the new files into the
 group's state (its last commit number, its position per table, the recent commits' ids),
-and appends a commit or a send-back with :class:`~engine.lakehouse.arrow_delta.ArrowDelta`
+and appends a commit or a send-back with :class:`~engine.lakehouse.delta.arrow_delta.ArrowDelta`
 under the same ``txnAppId``/``txnVersion`` the Spark writers use, so both kinds of writer
 see each other's commits and neither writes one twice.
 
@@ -30,10 +30,10 @@ import pyarrow.dataset as ds
 
 from engine.core.clock import epoch_micros
 from engine.core.config import EngineConfig
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.layout import layout
-from engine.lakehouse.live_files import LiveFiles
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.live_files import LiveFiles
+from engine.lakehouse.storage.layout import layout
 
 #: A position in a topic table: (delivery round, deliver time in epoch µs, message id).
 Position = tuple[int, int, str]

@@ -13,10 +13,10 @@ from pyspark.sql import functions as F
 
 from engine.core.config import EngineConfig
 from engine.core.errors import ConsumerError
-from engine.lakehouse.catalog import lag_tables
-from engine.lakehouse.delta_log import table_exists
-from engine.lakehouse.layout import layout
-from engine.lakehouse.views import lag_sql
+from engine.lakehouse.catalog.names import lag_tables
+from engine.lakehouse.catalog.views import lag_sql
+from engine.lakehouse.delta.delta_log import table_exists
+from engine.lakehouse.storage.layout import layout
 
 
 def lag(spark: SparkSession, cfg: EngineConfig, group: str | None = None) -> DataFrame:

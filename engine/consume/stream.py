@@ -27,10 +27,10 @@ from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig, GroupConfig
 from engine.core.errors import one_line
 from engine.core.topics import check_group, retry_topic
-from engine.lakehouse.delta_log import table_id
-from engine.lakehouse.fs import stream_query_id
-from engine.lakehouse.layout import layout
-from engine.lakehouse.tables import ensure_consumer_log, ensure_topic_table
+from engine.lakehouse.delta.delta_log import table_id
+from engine.lakehouse.delta.tables import ensure_consumer_log, ensure_topic_table
+from engine.lakehouse.storage.fs import stream_query_id
+from engine.lakehouse.storage.layout import layout
 
 log = logging.getLogger(__name__)
 

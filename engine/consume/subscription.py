@@ -15,8 +15,8 @@ from pyspark.sql import functions as F
 from engine.core.config import EngineConfig
 from engine.core.errors import ConsumerError, InvalidMessageError
 from engine.core.topics import check_topic, is_group_topic, topic_table_name
-from engine.lakehouse.delta_log import list_topics, table_exists
-from engine.lakehouse.layout import layout
+from engine.lakehouse.delta.delta_log import list_topics, table_exists
+from engine.lakehouse.storage.layout import layout
 
 
 def known_topics(spark: SparkSession, cfg: EngineConfig, topics: Sequence[str]) -> list[str]:

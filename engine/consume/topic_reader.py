@@ -3,7 +3,7 @@
 A poll used to run a Spark job over the topic table (about 0.45 s on a small machine, most of
 a waiting poll's time after the topic commit). The rows a group has not read yet are in the
 files whose ``delivery_round`` statistics reach its position: :class:`TopicReader` follows
-the table's files commit by commit (:class:`~engine.lakehouse.live_files.LiveFiles`), reads
+the table's files commit by commit (:class:`~engine.lakehouse.delta.live_files.LiveFiles`), reads
 only those, and orders the rows as the Spark read did (``delivery_round``, ``deliver_ts``,
 ``msg_id``). Files wholly before the committed position are forgotten; a position that goes
 back (another member's commit won) reads the table's state again.
@@ -23,7 +23,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from engine.core.clock import epoch_micros
-from engine.lakehouse.live_files import DataFile, LiveFiles
+from engine.lakehouse.delta.live_files import DataFile, LiveFiles
 
 #: A position in a topic table: (delivery round, deliver time in epoch µs, message id).
 Position = tuple[int, int, str]

@@ -35,10 +35,10 @@ from engine.core.errors import InvalidMessageError
 from engine.core.message import deliver_time
 from engine.core.topics import check_topic
 from engine.deliver.commands import CANCEL, PENDING, REMOVING, RESCHEDULE
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.layout import layout
-from engine.lakehouse.live_files import LiveFiles
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.live_files import LiveFiles
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.layout import layout
 from schemas import COMMANDS, column_names
 
 DEFAULT_WAIT_S = 30.0

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any, TextIO
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.fs import delete_file, read_text, write_text
-from engine.lakehouse.layout import layout
-from engine.lakehouse.store import local_path
+from engine.lakehouse.storage.fs import delete_file, read_text, write_text
+from engine.lakehouse.storage.layout import layout
+from engine.lakehouse.storage.store import local_path
 
 log = logging.getLogger(__name__)
 

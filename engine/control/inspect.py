@@ -22,8 +22,8 @@ from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError
 from engine.deliver.checkpoint import Progress, read_checkpoint
 from engine.deliver.commands import REMOVING, RESCHEDULED
-from engine.lakehouse.delta_log import list_topics
-from engine.lakehouse.layout import layout
+from engine.lakehouse.delta.delta_log import list_topics
+from engine.lakehouse.storage.layout import layout
 from engine.stamp.dedup import DUPLICATE
 
 

@@ -56,15 +56,15 @@ from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError
 from engine.deliver.checkpoint import read_checkpoint
 from engine.deliver.commands import PRUNED_BEFORE
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import (
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import (
     CONCURRENT_CHANGES,
     latest_version,
     list_topics,
     table_exists,
 )
-from engine.lakehouse.layout import layout
-from engine.lakehouse.storage import store_for
+from engine.lakehouse.storage.layout import layout
+from engine.lakehouse.storage.location import store_for
 from engine.stamp.query import newest_plan
 from engine.stamp.writer import highest_batch
 

@@ -18,8 +18,8 @@ from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
 from engine.deliver.checkpoint import Progress, read_checkpoint
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.live_files import LiveFiles
+from engine.lakehouse.delta.live_files import LiveFiles
+from engine.lakehouse.storage.layout import Layout
 
 log = logging.getLogger(__name__)
 

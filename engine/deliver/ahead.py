@@ -36,7 +36,7 @@ from datetime import datetime
 
 from engine.deliver.lateness import Lateness
 from engine.deliver.tasks import Written
-from engine.lakehouse.live_files import DataFile
+from engine.lakehouse.delta.live_files import DataFile
 
 #: How far ahead a mass of rows is looked for.
 HORIZON_S = 30

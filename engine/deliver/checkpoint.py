@@ -3,7 +3,7 @@
 The committed :class:`Progress` says what has been delivered; a :class:`Plan` written before
 a round's first write fixes what that round delivers, so a replay after a crash delivers
 exactly the same rows. Both are stored as ``DELAY_OFFSET`` rows in the offset log
-(:class:`~engine.lakehouse.offset_log.OffsetLog`).
+(:class:`~engine.lakehouse.state.offset_log.OffsetLog`).
 
 Example:
     >>> progress, plan = read_checkpoint(spark, lay)  # doctest: +SKIP
@@ -22,8 +22,8 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from engine.core.clock import EPOCH
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.offset_log import OffsetLog
+from engine.lakehouse.state.offset_log import OffsetLog
+from engine.lakehouse.storage.layout import Layout
 
 COMMITTED = "committed"
 PLANNED = "planned"

@@ -44,8 +44,8 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from engine.core.arrow_lists import entry_rows
 from engine.core.clock import epoch_micros, from_micros, from_millis, to_millis
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.layout import Layout
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.storage.layout import Layout
 from schemas import COMMAND_RESULTS
 
 log = logging.getLogger(__name__)

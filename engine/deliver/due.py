@@ -6,7 +6,7 @@ A round ``k`` reads one ``schedule`` snapshot (version ``V_k``) and looks at the
 
 (due since the last round, or stamped since then and already due), plus, for its progress
 only, the rows stamped since then that are not due yet. Both reads are Arrow scans of the
-snapshot's files (:mod:`engine.lakehouse.arrow_delta`); each file's Delta statistics skip the
+snapshot's files (:mod:`engine.lakehouse.delta.arrow_delta`); each file's Delta statistics skip the
 files that cannot match, so a round's reads stay proportional to new and due rows however
 many rows wait far ahead. The same snapshot and bounds give the same rows, which is what a
 replayed round relies on.
@@ -30,7 +30,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
 from engine.core.clock import to_micros
-from engine.lakehouse.live_files import DataFile
+from engine.lakehouse.delta.live_files import DataFile
 from schemas import TOPIC, column_names
 
 #: The columns a round needs of rows it does not deliver (counted for its progress only).
@@ -142,7 +142,7 @@ def read_candidates(
     """Read a round's candidates from a ``schedule`` snapshot.
 
     Args:
-        dataset: the snapshot (:meth:`~engine.lakehouse.arrow_delta.ArrowDelta.dataset`).
+        dataset: the snapshot (:meth:`~engine.lakehouse.delta.arrow_delta.ArrowDelta.dataset`).
         window: the round's bounds.
         removed: ``(msg_id, revision)`` of rows cancels and reschedules took out of delivery
             (a missing revision counts as 0).

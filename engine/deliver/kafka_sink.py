@@ -36,9 +36,9 @@ from pyspark.sql import SparkSession
 from engine.core.arrow_lists import entry_rows, grouped, take_or_null
 from engine.core.config import EngineConfig
 from engine.core.kafka_headers import HEADER_DELIVER_TS, HEADER_MSG_ID, HEADER_TAGS
-from engine.lakehouse.fs import java_map, jvm
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.storage import store_for
+from engine.lakehouse.storage.fs import java_map, jvm
+from engine.lakehouse.storage.layout import Layout
+from engine.lakehouse.storage.location import store_for
 
 log = logging.getLogger(__name__)
 

@@ -37,9 +37,9 @@ from pyspark.sql.streaming.query import StreamingQuery
 from engine.core.clock import from_millis, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
-from engine.lakehouse.fs import spark_offset
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.session import QuietStreamReader, link_checkpoints
+from engine.lakehouse.catalog.session import QuietStreamReader, link_checkpoints
+from engine.lakehouse.storage.fs import spark_offset
+from engine.lakehouse.storage.layout import Layout
 from engine.stamp.query import query_failure
 
 QUERY_NAME = "delayq-deliver"

@@ -27,14 +27,14 @@ from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.deliver.checkpoint import Plan, Progress
 from engine.deliver.due import TS
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import (
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import (
     CONCURRENT_CHANGES,
     WRITE_ATTEMPTS,
     latest_version,
     list_topics,
 )
-from engine.lakehouse.layout import Layout
+from engine.lakehouse.storage.layout import Layout
 
 
 def check_checkpoints(

@@ -11,7 +11,7 @@ are not lost behind an advanced watermark). :mod:`engine.deliver.due` reads them
 
 A round runs on the driver, without a Spark job unless it has cancel or reschedule commands
 to decide: the snapshot is read and the topic tables are appended through delta-rs
-(:mod:`engine.lakehouse.arrow_delta`), in tens of milliseconds where a Spark job and a Spark
+(:mod:`engine.lakehouse.delta.arrow_delta`), in tens of milliseconds where a Spark job and a Spark
 Delta commit take about a second each on a small machine.
 
 Exactly once, across crashes and replays:
@@ -103,14 +103,14 @@ from engine.deliver.tasks import (
     deliver_on_executors,
     merged,
 )
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import Txn, VersionTracker
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.lease import unfenced
-from engine.lakehouse.live_files import LiveFiles
-from engine.lakehouse.log_append import FileLayout, write_files
-from engine.lakehouse.offset_log import OffsetLog
-from engine.lakehouse.storage import carried
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import Txn, VersionTracker
+from engine.lakehouse.delta.live_files import LiveFiles
+from engine.lakehouse.delta.log_append import FileLayout, write_files
+from engine.lakehouse.state.lease import unfenced
+from engine.lakehouse.state.offset_log import OffsetLog
+from engine.lakehouse.storage.layout import Layout
+from engine.lakehouse.storage.location import carried
 from schemas import TOPIC
 
 log = logging.getLogger(__name__)
@@ -189,7 +189,7 @@ class Delivery:
             as ``kafka.sinks`` says).
         fence: called before a round writes anything and before it commits; raises once
             this engine no longer holds the lakehouse
-            (:meth:`~engine.lakehouse.lease.Lease.check`).
+            (:meth:`~engine.lakehouse.state.lease.Lease.check`).
     """
 
     def __init__(

@@ -30,11 +30,11 @@ from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
 from engine.deliver.kafka_sink import KafkaTopicSink, TransactionalKafkaSink
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.log_append import FileLayout
-from engine.lakehouse.tables import ensure_topic_table
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.log_append import FileLayout
+from engine.lakehouse.delta.tables import ensure_topic_table
+from engine.lakehouse.storage.layout import Layout
 from schemas import TOPIC, column_names
 
 #: Commits of a topic table a replayed round looks through for its own.

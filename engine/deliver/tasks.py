@@ -3,15 +3,16 @@
 With ``delivery.mode = streaming``, a round whose window's ``schedule`` files hold more than
 ``delivery.driver_round_rows`` rows (a spike due at one instant, a backlog, catch-up after
 downtime) runs its scan and its topic files in one Spark job
-(:func:`deliver_on_executors`): the window's files (:class:`~engine.lakehouse.live_files.Part`)
-go to the tasks in groups of about equal rows, and each task
+(:func:`deliver_on_executors`): the window's files
+(:class:`~engine.lakehouse.delta.live_files.Part`) go to the tasks in groups of about equal
+rows, and each task
 
 1. reads its files with pyarrow and finds the round's candidates in them, exactly as the
    driver path does (:func:`~engine.deliver.due.read_candidates`: the same window, the same
    rows taken out by cancels and reschedules);
 2. shapes the due rows as topic rows (:func:`~engine.deliver.due.to_topic_rows`, with the
    ``delivered_ts`` the driver chose) and writes each topic table's data files
-   (:func:`~engine.lakehouse.log_append.write_files`), unseen: no commit adds them yet;
+   (:func:`~engine.lakehouse.delta.log_append.write_files`), unseen: no commit adds them yet;
 3. sends back what the round's progress needs: its part of the summary (rows per queue,
    highest batch and deliver time), its lateness counts and each file's ``add`` action.
 
@@ -47,9 +48,9 @@ from pyspark.sql import SparkSession
 from engine.core.groups import balanced
 from engine.deliver.due import Window, read_candidates, to_topic_rows, topic_tables
 from engine.deliver.lateness import Lateness
-from engine.lakehouse.live_files import Part, files_dataset
-from engine.lakehouse.log_append import FileLayout, write_files
-from engine.lakehouse.storage import arrive, store_for
+from engine.lakehouse.delta.live_files import Part, files_dataset
+from engine.lakehouse.delta.log_append import FileLayout, write_files
+from engine.lakehouse.storage.location import arrive, store_for
 
 #: Tasks answer in one binary column (JSON).
 _PACKED = "packed binary"
@@ -73,7 +74,7 @@ class RoundJob:
         topic_path: a topic table's location, from its name.
         template: the layout of a topic table the driver has not given (its path replaced).
         only: write only these tables (a second pass); ``None``: every table.
-        settings: what reaches an S3 lakehouse (:func:`~engine.lakehouse.storage.carried`).
+        settings: what reaches an S3 lakehouse (:func:`~engine.lakehouse.storage.location.carried`).
         tasks: how many tasks (about equal rows each).
     """
 

@@ -19,9 +19,9 @@ import json
 from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.fs import list_files, read_text, stream_query_id
-from engine.lakehouse.layout import layout
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.storage.fs import list_files, read_text, stream_query_id
+from engine.lakehouse.storage.layout import layout
 
 #: The checkpoint of the ingest's Spark stream in earlier versions (under ``_checkpoints``).
 INGEST_CHECKPOINT = "kafka_ingest"

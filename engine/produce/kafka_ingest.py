@@ -49,11 +49,11 @@ from pyspark.sql import SparkSession
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError, IngestError
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.fs import java_map, jvm
-from engine.lakehouse.layout import layout
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.fs import java_map, jvm
+from engine.lakehouse.storage.layout import layout
 from engine.produce.ingest_lag import INGEST_CHECKPOINT, offset_app_id, stream_positions
 from engine.produce.kafka_records import KAFKA_RECORD, parse_records
 

@@ -46,10 +46,10 @@ from engine.core.message import (
     rejection_reason,
     validate,
 )
-from engine.lakehouse.arrow_delta import ArrowDelta, columns
-from engine.lakehouse.delta_log import append, table_exists
-from engine.lakehouse.layout import layout
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.delta.arrow_delta import ArrowDelta, columns
+from engine.lakehouse.delta.delta_log import append, table_exists
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.layout import layout
 from schemas import COMMITLOG, column_names
 
 __all__ = ["Message", "commitlog_ready", "send", "send_arrow", "send_df", "send_many"]

@@ -13,7 +13,7 @@ Both run in one Spark application:
   at once when a round took longer), planned a little ahead of
   the clock (up to ``delivery.max_lead``: the topic files are written before the round's
   watermark, and committed once it is reached); after each round the engine
-  names new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.Catalog`).
+  names new topic tables in the SQL catalog (:class:`~engine.lakehouse.catalog.names.Catalog`).
   A round's exactly-once state is its own (the delayOffset checkpoint): the query's
   offsets log only plans each round's watermark, and the thread needs neither.
 
@@ -52,11 +52,11 @@ from engine.deliver.query import DeliverQuery
 from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
-from engine.lakehouse.catalog import Catalog
-from engine.lakehouse.delta_log import check_tables_keep_txn
-from engine.lakehouse.layout import layout
-from engine.lakehouse.lease import Heartbeat, Lease
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.catalog.names import Catalog
+from engine.lakehouse.delta.delta_log import check_tables_keep_txn
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.state.lease import Heartbeat, Lease
+from engine.lakehouse.storage.layout import layout
 from engine.run.failures import is_transient
 from engine.stamp.query import StampQuery
 from engine.stamp.stamper import Stamper
@@ -124,7 +124,7 @@ class Engine:
     :meth:`run`, :meth:`start` and :meth:`step` open the engine if it is not open yet.
 
     Args:
-        spark: a Delta-enabled session (:func:`engine.lakehouse.session.build_spark`).
+        spark: a Delta-enabled session (:func:`engine.lakehouse.catalog.session.build_spark`).
         cfg: engine configuration.
         clock: the engine clock; the system clock by default.
         out: where progress lines go.

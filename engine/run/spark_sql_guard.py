@@ -22,7 +22,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from engine.lakehouse.metastore import claimant, holder
+from engine.lakehouse.catalog.metastore import claimant, holder
 
 #: The exit status of a ``spark-sql`` refused here (the launcher passes any other through).
 HELD = 3

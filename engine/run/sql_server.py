@@ -36,8 +36,8 @@ from pyspark.sql import SparkSession
 from engine.core.config import EngineConfig
 from engine.core.errors import ConfigError, SetupError
 from engine.core.processes import alive
-from engine.lakehouse.fs import delete_file, jvm, read_text, write_text
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.fs import delete_file, jvm, read_text, write_text
+from engine.lakehouse.storage.layout import layout
 
 #: Written while the server runs, removed when it stops: where SQL clients connect.
 ADDRESS_FILE = "sql.json"

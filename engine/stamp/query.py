@@ -56,12 +56,12 @@ from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.core.groups import balanced
-from engine.lakehouse.fs import put_if_absent, read_text, spark_offset
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.lease import unfenced
-from engine.lakehouse.offset_log import OffsetLog
-from engine.lakehouse.session import QuietStreamReader, link_checkpoints
-from engine.lakehouse.storage import arrive, carried
+from engine.lakehouse.catalog.session import QuietStreamReader, link_checkpoints
+from engine.lakehouse.state.lease import unfenced
+from engine.lakehouse.state.offset_log import OffsetLog
+from engine.lakehouse.storage.fs import put_if_absent, read_text, spark_offset
+from engine.lakehouse.storage.layout import Layout
+from engine.lakehouse.storage.location import arrive, carried
 from engine.stamp.source import Added, CommitlogSource, Position
 from engine.stamp.stamper import KEEP_PLANS, BatchResult, Stamper, StampPlan, StampStats
 from engine.stamp.stamper import QUERY_CHECKPOINT as CHECKPOINT

@@ -36,9 +36,9 @@ import pyarrow.dataset as ds
 from pyspark.sql.pandas.types import to_arrow_schema
 
 from engine.core.errors import CheckpointError
-from engine.lakehouse.arrow_delta import READ_OPTIONS, data_file
-from engine.lakehouse.storage import store_for
-from engine.lakehouse.store import Store
+from engine.lakehouse.delta.arrow_delta import READ_OPTIONS, data_file
+from engine.lakehouse.storage.location import store_for
+from engine.lakehouse.storage.store import Store
 from schemas import COMMITLOG
 
 log = logging.getLogger(__name__)

@@ -35,10 +35,10 @@ from pyspark.sql import SparkSession
 from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError, RetryableError
-from engine.lakehouse.fs import list_files, read_text
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.lease import unfenced
-from engine.lakehouse.offset_log import OffsetLog
+from engine.lakehouse.state.lease import unfenced
+from engine.lakehouse.state.offset_log import OffsetLog
+from engine.lakehouse.storage.fs import list_files, read_text
+from engine.lakehouse.storage.layout import Layout
 from engine.stamp.source import CommitlogSource, Position
 from engine.stamp.writer import StampWriter, highest_batch
 
@@ -123,7 +123,7 @@ class Stamper:
         layout: the lakehouse.
         clock: the stamping time of each batch.
         fence: called before a new batch is planned; raises once this engine no longer
-            holds the lakehouse (:meth:`~engine.lakehouse.lease.Lease.check`).
+            holds the lakehouse (:meth:`~engine.lakehouse.state.lease.Lease.check`).
     """
 
     def __init__(

@@ -15,7 +15,7 @@ rows are the batch's ``commitlog`` data files, a partition per group of about eq
    duplicates as the driver path does;
 3. **files**: each task stamps its rows again (the same rows, the same stamp), refuses the
    duplicates, sorts the valid rows by queue and deliver time and writes ``schedule`` and
-   ``quarantine`` data files (:func:`~engine.lakehouse.log_append.write_files`), sending back
+   ``quarantine`` data files (:func:`~engine.lakehouse.delta.log_append.write_files`), sending back
    their ``add`` actions.
 
 The driver then commits each table's files in one commit under the batch's ``txn``
@@ -42,9 +42,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
-from engine.lakehouse.lease import unfenced
-from engine.lakehouse.log_append import FileLayout, write_files
-from engine.lakehouse.storage import arrive, carried
+from engine.lakehouse.delta.log_append import FileLayout, write_files
+from engine.lakehouse.state.lease import unfenced
+from engine.lakehouse.storage.location import arrive, carried
 from engine.stamp.dedup import FIRST
 from engine.stamp.source import read_file
 from engine.stamp.transform import split, stamped

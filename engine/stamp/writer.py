@@ -4,7 +4,7 @@ On the driver (a small batch, or the driver path) there is no Spark job: the row
 Arrow (:mod:`engine.stamp.source`), are checked and stamped with pyarrow
 (:mod:`engine.stamp.transform`), and the valid rows, sorted by queue and deliver time, go to
 ``schedule`` and the refused ones to ``quarantine``, each in one commit
-(:mod:`engine.lakehouse.arrow_delta`), about 20 ms where a Spark Delta write takes about a
+(:mod:`engine.lakehouse.delta.arrow_delta`), about 20 ms where a Spark Delta write takes about a
 second here.
 
 Both writes are idempotent per batch: each commit records the batch as the ``txn`` version
@@ -35,10 +35,10 @@ import pyarrow.compute as pc
 
 from engine.core.clock import Clock
 from engine.core.config import EngineConfig
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.layout import Layout
-from engine.lakehouse.log_append import FileLayout
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.log_append import FileLayout
+from engine.lakehouse.storage.layout import Layout
 from engine.stamp.dedup import SeenIds, Taken, duplicate_reasons, from_micros, taken_until
 from engine.stamp.transform import id_hashes, split, stamped
 from schemas import QUARANTINE, SCHEDULE, column_names

@@ -55,11 +55,11 @@ from pyspark.sql import functions as F
 from engine.core.clock import SystemClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import list_topics, table_exists
-from engine.lakehouse.fs import jvm
-from engine.lakehouse.layout import layout
-from engine.lakehouse.storage import store_for
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import list_topics, table_exists
+from engine.lakehouse.storage.fs import jvm
+from engine.lakehouse.storage.layout import layout
+from engine.lakehouse.storage.location import store_for
 from engine.produce.send import Message, send_arrow, send_df, send_many
 from engine.run.engine import Engine
 
@@ -744,7 +744,7 @@ class Bench:
 
     def _launch_until_delivered(self, cfg: EngineConfig, topic: str, rows: int) -> dict[str, Any]:
         """Launch ``jobs/delay_engine.py`` on ``cfg``, stop it once ``rows`` are in ``topic``."""
-        from engine.lakehouse.session import REPO_ROOT
+        from engine.lakehouse.catalog.session import REPO_ROOT
 
         submit = Path(sys.executable).parent / "spark-submit"
         command = [
@@ -1049,7 +1049,7 @@ class Bench:
         each take a message of their own every run). Figures are whole-process wall times.
         """
         from engine.control.endpoint import endpoint_file
-        from engine.lakehouse.session import REPO_ROOT
+        from engine.lakehouse.catalog.session import REPO_ROOT
 
         fast_n, local_n = self.plan.cli_runs
         cfg = self.cfg("cli")
@@ -1183,7 +1183,7 @@ class Bench:
     def _kafka(self, name: str, size: int, *, exactly_once: bool, warm: int = 0) -> dict[str, Any]:
         from kafka import KafkaConsumer, TopicPartition
 
-        from engine.lakehouse.session import REPO_ROOT
+        from engine.lakehouse.catalog.session import REPO_ROOT
         from engine.produce.kafka_ingest import start_ingest
         from jobs.tools.broker import start as start_broker
         from jobs.tools.broker import stop as stop_broker

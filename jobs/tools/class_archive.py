@@ -5,7 +5,7 @@ thousand classes from the jars. This tool starts one Spark with
 ``-XX:ArchiveClassesAtExit``, runs what a delayq process does (sends, stamps and delivers a
 few messages on a throw-away lakehouse with the embedded catalog, reads the views, runs
 ``delayq status``), and stops it; the JVM writes the classes it loaded to the archive as it
-exits. Every later driver maps the archive instead (:func:`engine.lakehouse.session.
+exits. Every later driver maps the archive instead (:func:`engine.lakehouse.catalog.session.
 driver_java_options`, and ``spark-defaults.conf`` for ``spark-submit``): a ``delayq``
 command that starts a Spark of its own takes about a quarter less.
 
@@ -34,8 +34,8 @@ from pyspark.sql import SparkSession
 from engine.cli import main as delayq
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
-from engine.lakehouse.catalog import register_all
-from engine.lakehouse.session import DRIVER_JAVA_OPTIONS, build_spark
+from engine.lakehouse.catalog.names import register_all
+from engine.lakehouse.catalog.session import DRIVER_JAVA_OPTIONS, build_spark
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 

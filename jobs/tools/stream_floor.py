@@ -44,9 +44,9 @@ from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.types import StructType
 
 from engine.core.config import load_config
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.log_append import LogAppender
-from engine.lakehouse.session import build_spark
+from engine.lakehouse.catalog.session import build_spark
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.log_append import LogAppender
 
 QUERIES = ("noop", "count", "clock", "delta_spark", "delta_arrow")
 PHASES = ("triggerExecution", "latestOffset", "queryPlanning", "walCommit", "addBatch",

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.session import REPO_ROOT
 from tests.support.readme import docstring_block, plain_env, run_shell
 
 pytestmark = pytest.mark.integration

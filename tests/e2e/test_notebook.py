@@ -11,7 +11,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.session import REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

@@ -15,9 +15,9 @@ from pyspark.sql import SparkSession
 
 from engine.control.commands import CommandResult, cancel_many, reschedule_many, results_of
 from engine.core.clock import SystemClock, to_millis
-from engine.lakehouse.catalog import register_all
-from engine.lakehouse.layout import layout
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.names import register_all
+from engine.lakehouse.catalog.session import REPO_ROOT
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.report import LOG_DIR_ENV
 from tests.support.crash_points import assert_landed, kill_inside_a_round, on_disk, said

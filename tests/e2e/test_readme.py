@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.session import REPO_ROOT
 from tests.support.readme import (
     BLOCK_TIMEOUT_S,
     Background,

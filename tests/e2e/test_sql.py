@@ -22,8 +22,8 @@ from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
-from engine.lakehouse.metastore import hive_conf, metastore_path
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.metastore import hive_conf, metastore_path
+from engine.lakehouse.catalog.session import REPO_ROOT
 from engine.produce.send import Message, send_many
 from engine.run.sql_server import address_file
 from tests.support.lakehouse import TEST_SPARK_CONF, delivered_rows
@@ -206,7 +206,7 @@ def test_a_python_session_while_the_engine_holds_the_metastore_names_tables_itse
         [
             sys.executable, "-c", textwrap.dedent(f"""
             from engine.core.config import load_config
-            from engine.lakehouse.session import build_spark
+            from engine.lakehouse.catalog.session import build_spark
             cfg = load_config(overrides={{
                 "lakehouse.path": {served.cfg.lakehouse!r}, "lakehouse.database": "{DB}",
                 "spark.conf.spark.ui.enabled": "false",
@@ -262,7 +262,7 @@ def test_after_the_engine_stops_spark_sql_and_a_new_session_see_the_kept_names(
     output = _python(
         f"""
         from engine.core.config import load_config
-        from engine.lakehouse.session import build_spark
+        from engine.lakehouse.catalog.session import build_spark
         cfg = load_config(overrides={{
             "lakehouse.path": {served.cfg.lakehouse!r}, "lakehouse.database": "{DB}",
             "sql.register_tables": "false", "spark.conf.spark.ui.enabled": "false",

@@ -16,9 +16,9 @@ import pytest
 from pyspark.sql import SparkSession
 
 from engine.core.clock import SystemClock
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.layout import layout
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.stamp.query import newest_plan
 from engine.stamp.stamper import Stamper

@@ -13,7 +13,7 @@ from pyspark.sql import SparkSession
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import ConfigError, SetupError
-from engine.lakehouse.catalog import ensure_database, put_view, register_all, register_table
+from engine.lakehouse.catalog.names import ensure_database, put_view, register_all, register_table
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from engine.run.sql_server import SqlServer

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 from pyspark.sql import SparkSession
 
-from engine.lakehouse.session import CLASS_ARCHIVE, REPO_ROOT
+from engine.lakehouse.catalog.session import CLASS_ARCHIVE, REPO_ROOT
 
 pytestmark = pytest.mark.integration
 

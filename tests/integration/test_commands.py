@@ -18,8 +18,8 @@ from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError
 from engine.deliver.commands import CANCEL, Target, resolve
 from engine.deliver.round import RoundResult
-from engine.lakehouse.catalog import register_all
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.catalog.names import register_all
+from engine.lakehouse.delta.tables import ensure_tables
 from engine.produce.send import Message, send, send_df, send_many
 from engine.run.engine import Engine
 from schemas import COMMITLOG
@@ -453,8 +453,8 @@ def test_a_lakehouse_from_before_commands_upgrades(
     from delta.tables import DeltaTable
     from pyspark.sql.types import StructType
 
-    from engine.lakehouse.catalog import register_all
-    from engine.lakehouse.layout import layout
+    from engine.lakehouse.catalog.names import register_all
+    from engine.lakehouse.storage.layout import layout
     from schemas import COMMITLOG, SCHEDULE
 
     cfg = make_cfg(register_tables=True)

@@ -21,7 +21,7 @@ from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig, GroupConfig
 from engine.core.errors import ConsumerError
 from engine.core.message import PROP_DLQ_REASON, PROP_FAILURES
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send, send_many
 from engine.run.engine import Engine
 from jobs.tools.benchmark import commit_times
@@ -496,7 +496,7 @@ def test_dead_letters_list_show_resend_purge_and_lag_in_sql(
     code, _, err = dlq_cli(capsys, cfg, "dlq", "list", "--group", "nobody")
     assert code == 2 and "no dead letters" in err and "billing" in err
 
-    from engine.lakehouse.catalog import register_lag_view
+    from engine.lakehouse.catalog.names import register_lag_view
 
     register_lag_view(spark, cfg)
     rows = spark.sql(f"SELECT group_name, topic, lag FROM {cfg.database}.consumer_lag").collect()

@@ -26,8 +26,8 @@ import engine.control.remote as remote
 from engine.control.endpoint import endpoint_file
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
-from engine.lakehouse.delta_log import list_topics
-from engine.lakehouse.layout import layout
+from engine.lakehouse.delta.delta_log import list_topics
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from tests.support.lakehouse import TEST_SPARK_CONF
 from tests.support.process import VENV_BIN, cli, engine_args, start, wait_for

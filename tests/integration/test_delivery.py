@@ -18,7 +18,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import RetryableError
 from engine.deliver.checkpoint import Plan
 from engine.deliver.round import Delivery, RoundResult
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from tests.support.crash import Crash, crash_after_writes, crash_before_commits, crash_writing
@@ -334,7 +334,7 @@ def test_missing_stamping_checkpoint_refuses_to_start(
 def test_a_failed_commit_never_reuses_a_round_number(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.lakehouse.offset_log import OffsetLog
+    from engine.lakehouse.state.offset_log import OffsetLog
 
     ids = send_many(spark, cfg, mixed_messages(6), clock)
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
@@ -362,7 +362,7 @@ def test_a_failed_commit_never_reuses_a_round_number(
 def test_a_commit_that_fails_half_way_is_run_again_from_its_plan(
     spark: SparkSession, any_cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.lakehouse import offset_log
+    from engine.lakehouse.state import offset_log
 
     cfg = any_cfg
     ids = send_many(spark, cfg, mixed_messages(12), clock)
@@ -384,7 +384,7 @@ def test_a_commit_that_fails_half_way_is_run_again_from_its_plan(
 def test_a_listing_that_misses_the_newest_commit_duplicates_nothing(
     spark: SparkSession, any_cfg: EngineConfig, clock: FakeClock, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from engine.lakehouse import offset_log
+    from engine.lakehouse.state import offset_log
 
     cfg = any_cfg
     first = send_many(spark, cfg, mixed_messages(12), clock)
@@ -443,8 +443,8 @@ def test_a_topic_table_made_by_delta_rs_reads_like_one_made_by_spark(
     from delta.tables import DeltaTable
     from pyspark.sql.pandas.types import to_arrow_schema
 
-    from engine.lakehouse.arrow_delta import create_table
-    from engine.lakehouse.tables import ensure_topic_table
+    from engine.lakehouse.delta.arrow_delta import create_table
+    from engine.lakehouse.delta.tables import ensure_topic_table
     from schemas import TOPIC
 
     path = ensure_topic_table(spark, cfg, "orders")

@@ -11,8 +11,8 @@ from pyspark.sql import SparkSession
 from engine.control.inspect import forecast, history, pending
 from engine.core.clock import FakeClock
 from engine.core.errors import DelayQError
-from engine.lakehouse.catalog import register_all
-from engine.lakehouse.layout import layout
+from engine.lakehouse.catalog.names import register_all
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 

@@ -20,12 +20,12 @@ from pyspark.sql import SparkSession
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import IngestError
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.delta_log import Txn, list_topics
-from engine.lakehouse.layout import layout
-from engine.lakehouse.session import REPO_ROOT
-from engine.lakehouse.storage import store_for
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.catalog.session import REPO_ROOT
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.delta_log import Txn, list_topics
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.layout import layout
+from engine.lakehouse.storage.location import store_for
 from engine.produce.ingest_lag import ingest_lag, offset_app_id
 from engine.produce.kafka_client import DelayedProducer
 from engine.produce.kafka_ingest import KafkaIngest, start_ingest

@@ -12,8 +12,8 @@ from pyspark.sql import SparkSession
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import FencedError, LakehouseHeldError
-from engine.lakehouse.fs import put_if_absent, write_text
-from engine.lakehouse.lease import LEASE_DIR, Lease
+from engine.lakehouse.state.lease import LEASE_DIR, Lease
+from engine.lakehouse.storage.fs import put_if_absent, write_text
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from tests.support.lakehouse import START, assert_exactly_once_never_early, delivered_rows

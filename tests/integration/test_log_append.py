@@ -18,11 +18,11 @@ from deltalake import DeltaTable, write_deltalake
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.checkpoints import CHECKPOINTS
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.live_files import LiveFiles
-from engine.lakehouse.log_append import HIVE_NULL, LogAppender
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.checkpoints import CHECKPOINTS
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.live_files import LiveFiles
+from engine.lakehouse.delta.log_append import HIVE_NULL, LogAppender
 
 T0 = datetime(2026, 11, 24, 12, 0, tzinfo=UTC)
 
@@ -298,7 +298,7 @@ def test_the_txn_rules_of_the_two_writers_as_documented(
     """Spark's append looks its ``txn`` up at every write and skips a recorded one; the
     engine's Arrow append records it and skips only when it meets it reading the table (a
     replay asks ``txn_version`` first). Both rules are in the writers' docstrings."""
-    from engine.lakehouse.delta_log import append
+    from engine.lakehouse.delta.delta_log import append
 
     where = _spark_table(spark, tmp_path / "t")
     first = ArrowDelta(where)

@@ -27,9 +27,9 @@ from deltalake import DeltaTable
 from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.fs import jvm
-from engine.lakehouse.log_append import ENGINE_INFO, LogAppender
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.log_append import ENGINE_INFO, LogAppender
+from engine.lakehouse.storage.fs import jvm
 
 pytestmark = pytest.mark.integration
 

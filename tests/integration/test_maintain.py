@@ -14,7 +14,7 @@ from engine.control.commands import cancel, reschedule
 from engine.control.maintain import maintain
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from tests.support.crash import Crash, crash_after_writes

@@ -16,7 +16,7 @@ from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
 from engine.deliver.lateness import LATENESS_BOUNDS
 from engine.deliver.round import RoundResult
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.metrics import MetricsServer
 from schemas import COMMITLOG

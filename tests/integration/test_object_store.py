@@ -16,10 +16,10 @@ from engine.consume.consumer import Consumer
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import SetupError
-from engine.lakehouse.layout import layout
-from engine.lakehouse.s3 import S3Store
-from engine.lakehouse.storage import store_for
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.layout import layout
+from engine.lakehouse.storage.location import store_for
+from engine.lakehouse.storage.s3 import S3Store
 from engine.produce.send import Message, send_df, send_many
 from engine.run.engine import Engine
 from jobs.tools.objectstore import Server
@@ -173,7 +173,7 @@ def test_a_server_that_ignores_conditional_writes_is_refused_at_start(
     both commit one version: the start-up probe finds out."""
     import obstore
 
-    from engine.lakehouse import s3 as s3_store
+    from engine.lakehouse.storage import s3 as s3_store
 
     real_put = obstore.put
 

@@ -19,9 +19,9 @@ from engine.control.inspect import history
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError
-from engine.lakehouse.catalog import register_all
-from engine.lakehouse.layout import layout
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.catalog.names import register_all
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send, send_arrow, send_df, send_many
 from engine.run.engine import Engine
 from tests.support.process import cli

@@ -19,7 +19,7 @@ from engine.control.commands import cancel, reschedule, results_of
 from engine.control.maintain import maintain, tables_to_maintain
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from tests.support.lakehouse import quiet_engine
 

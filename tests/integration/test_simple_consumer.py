@@ -15,7 +15,7 @@ from engine.control.simple_consumer import SimpleConsumer
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig, GroupConfig
 from engine.core.errors import ConsumerError
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import Engine
 from tests.support.lakehouse import quiet_engine

@@ -14,7 +14,7 @@ from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError, RetryableError
 from engine.core.levels import parse_levels
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.delta.tables import ensure_tables
 from engine.produce.send import Message, send_df, send_many
 from engine.run.engine import Engine
 from engine.stamp.stamper import Stamper

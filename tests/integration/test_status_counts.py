@@ -12,9 +12,9 @@ from pyspark.sql import SparkSession
 from engine.control import status
 from engine.control.status import RowCounts
 from engine.core.config import EngineConfig
-from engine.lakehouse.layout import layout
-from engine.lakehouse.live_files import LiveFiles
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.delta.live_files import LiveFiles
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 
 pytestmark = pytest.mark.integration

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from engine.lakehouse.storage import register, store_for
-from engine.lakehouse.store import S3Settings
+from engine.lakehouse.storage.location import register, store_for
+from engine.lakehouse.storage.store import S3Settings
 from jobs.tools.objectstore import Server
 
 pytestmark = pytest.mark.integration

@@ -20,14 +20,14 @@ from engine.core.errors import CheckpointError, FencedError
 from engine.deliver.checkpoint import read_checkpoint
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import DeltaTopicSink
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.layout import layout
-from engine.lakehouse.session import (
+from engine.lakehouse.catalog.session import (
     CHECKPOINT_MANAGER_KEY,
     LINK_CHECKPOINT_MANAGER,
     link_checkpoints,
 )
-from engine.lakehouse.tables import ensure_tables
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import DELIVER_QUERY, Engine
 from engine.stamp.query import FILES, QUERY_NAME, StampQuery, newest_plan

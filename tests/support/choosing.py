@@ -1,6 +1,6 @@
 """Two processes asking for a lakehouse's SQL catalog at the same time (the metastore's race).
 
-Each calls :func:`engine.lakehouse.metastore.catalog_conf` with a meeting point inside it:
+Each calls :func:`engine.lakehouse.catalog.metastore.catalog_conf` with a meeting point inside it:
 past its claim on the metastore (taken or refused) and before it chooses, it waits until the
 other is there too, so both are inside the choice at once. Then each asks again, both still
 running. Run the other side as
@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from engine.core.config import EngineConfig
-from engine.lakehouse import metastore
+from engine.lakehouse.catalog import metastore
 
 CATALOG = "spark.sql.catalogImplementation"
 MEET_TIMEOUT_S = 60.0

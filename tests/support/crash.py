@@ -16,7 +16,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.config import EngineConfig
 from engine.deliver.sinks import DeltaTopicSink, SinkFactory, Sinks, SinkSet, TopicSink
-from engine.lakehouse.layout import Layout
+from engine.lakehouse.storage.layout import Layout
 
 
 class Crash(Exception):

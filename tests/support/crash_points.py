@@ -32,7 +32,7 @@ from urllib.parse import unquote
 
 import pyarrow.parquet as pq
 
-from engine.lakehouse.layout import Layout
+from engine.lakehouse.storage.layout import Layout
 
 _ROUND_FILE = re.compile(r"^(\d{20})(\.plan)?\.json$")
 _ROUND_TAG = re.compile(r"^delayq round (\d+) ")

@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from engine.lakehouse.store import Store
+from engine.lakehouse.storage.store import Store
 
 
 class StoreWentAway(OSError):

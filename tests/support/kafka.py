@@ -13,7 +13,7 @@ from pyspark.sql import functions as F
 
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.session import REPO_ROOT
 from engine.produce.kafka_ingest import start_ingest
 from jobs.tools.broker import Broker, start, stop
 

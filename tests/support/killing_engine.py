@@ -45,7 +45,7 @@ from engine.cli import main
 from engine.deliver.kafka_sink import TransactionalKafkaSink
 from engine.deliver.round import Delivery
 from engine.deliver.sinks import DeltaTopicSink
-from engine.lakehouse.offset_log import OffsetLog
+from engine.lakehouse.state.offset_log import OffsetLog
 from engine.stamp.query import StampQuery
 from engine.stamp.writer import StampWriter
 

@@ -9,8 +9,8 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
-from engine.lakehouse.delta_log import list_topics
-from engine.lakehouse.layout import layout
+from engine.lakehouse.delta.delta_log import list_topics
+from engine.lakehouse.storage.layout import layout
 from engine.run.engine import Engine
 from jobs.tools.benchmark import commit_times
 

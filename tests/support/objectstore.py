@@ -9,8 +9,8 @@ from typing import Any
 import pytest
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.layout import layout
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.session import REPO_ROOT
+from engine.lakehouse.storage.layout import layout
 from jobs.tools.objectstore import Server, start, stop
 from tests.support.kafka import free_port
 

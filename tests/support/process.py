@@ -13,7 +13,7 @@ import pytest
 
 from engine.cli import main
 from engine.core.config import EngineConfig
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.session import REPO_ROOT
 
 VENV_BIN = Path(sys.executable).parent
 PROPS = REPO_ROOT / ".jars" / "spark-defaults.conf"

@@ -12,7 +12,7 @@ import time
 from engine.consume.consumer import Consumer
 from engine.core.config import load_config, parse_override
 from engine.core.errors import ConsumerError
-from engine.lakehouse.session import build_spark
+from engine.lakehouse.catalog.session import build_spark
 
 WAIT_S = 240
 

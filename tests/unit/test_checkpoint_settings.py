@@ -10,8 +10,8 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.checkpoints import CHECKPOINTS
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.checkpoints import CHECKPOINTS
 
 
 def _table(path: Path, configuration: dict[str, str]) -> ArrowDelta:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.session import CLASS_ARCHIVE, DRIVER_JAVA_OPTIONS, driver_java_options
+from engine.lakehouse.catalog.session import CLASS_ARCHIVE, DRIVER_JAVA_OPTIONS, driver_java_options
 
 
 def test_without_an_archive_the_driver_starts_as_before(tmp_path: Path) -> None:

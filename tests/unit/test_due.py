@@ -24,8 +24,8 @@ from engine.deliver.due import (
     to_topic_rows,
     topic_tables,
 )
-from engine.lakehouse.arrow_delta import ArrowDelta
-from engine.lakehouse.live_files import DataFile, LiveFiles
+from engine.lakehouse.delta.arrow_delta import ArrowDelta
+from engine.lakehouse.delta.live_files import DataFile, LiveFiles
 from schemas import TOPIC, column_names
 
 T0 = datetime(2026, 1, 1, 12, 0, 0, tzinfo=UTC)

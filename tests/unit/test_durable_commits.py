@@ -10,8 +10,8 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from engine.lakehouse.arrow_delta import create_table
-from engine.lakehouse.log_append import LogAppender
+from engine.lakehouse.delta.arrow_delta import create_table
+from engine.lakehouse.delta.log_append import LogAppender
 
 
 def test_data_files_then_the_commit_are_flushed_before_the_commit_is_linked(

@@ -8,8 +8,8 @@ from datetime import UTC, datetime, timedelta
 import pyarrow as pa
 import pytest
 
-from engine.lakehouse import log_append
-from engine.lakehouse.log_append import conform, file_stats
+from engine.lakehouse.delta import log_append
+from engine.lakehouse.delta.log_append import conform, file_stats
 
 
 def _rows(n: int, seed: int) -> pa.Table:

@@ -9,7 +9,7 @@ from typing import Any
 import pyarrow as pa
 
 from engine.core.config import EngineConfig
-from engine.lakehouse.delta_log import Txn
+from engine.lakehouse.delta.delta_log import Txn
 from engine.produce.kafka_ingest import Positions, write_batch
 from engine.produce.kafka_records import kafka_records
 

@@ -17,7 +17,7 @@ import pytest
 from engine.core.config import EngineConfig
 from engine.deliver import kafka_sink
 from engine.deliver.kafka_sink import TransactionalKafkaSink
-from engine.lakehouse.layout import layout
+from engine.lakehouse.storage.layout import layout
 
 
 class StandIn:

@@ -10,9 +10,9 @@ import pyarrow as pa
 import pytest
 from deltalake import DeltaTable, write_deltalake
 
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.log_append import LogAppender
-from engine.lakehouse.store import LocalStore
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.log_append import LogAppender
+from engine.lakehouse.storage.store import LocalStore
 
 
 @pytest.fixture

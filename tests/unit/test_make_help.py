@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import subprocess
 
-from engine.lakehouse.session import REPO_ROOT
+from engine.lakehouse.catalog.session import REPO_ROOT
 
 
 def test_make_help_lists_every_described_target() -> None:

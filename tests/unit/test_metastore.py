@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from engine.core.config import EngineConfig
-from engine.lakehouse import metastore
-from engine.lakehouse.metastore import catalog_conf, holder, metastore_path
+from engine.lakehouse.catalog import metastore
+from engine.lakehouse.catalog.metastore import catalog_conf, holder, metastore_path
 from tests.support.choosing import choose_together
 
 REPO = Path(__file__).parents[2]

@@ -1,5 +1,5 @@
 """A streaming source's planning process ends quietly when Spark closes its connection, and
-only then (:func:`engine.lakehouse.session.hung_up`)."""
+only then (:func:`engine.lakehouse.catalog.session.hung_up`)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 import engine
-from engine.lakehouse.session import hung_up
+from engine.lakehouse.catalog.session import hung_up
 
 
 def _raised(code: str, filename: str) -> BaseException:

@@ -80,7 +80,7 @@ def test_a_new_spark_session_keeps_a_ctrl_c_handler_its_caller_installed() -> No
     """``build_spark`` (``_keeping_sigint``): the SparkContext it makes installs Spark's own
     SIGINT handler; a caller's handler (``delayq run``'s clean stop) comes back at once, so
     it covers the session's set-up after, while a plain session keeps Spark's."""
-    from engine.lakehouse.session import _keeping_sigint
+    from engine.lakehouse.catalog.session import _keeping_sigint
 
     def sparks(_number: int, _frame: object) -> None: ...
 

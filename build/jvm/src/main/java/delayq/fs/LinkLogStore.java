@@ -29,7 +29,7 @@ import org.slf4j.LoggerFactory;
  * A Delta LogStore for file: paths (a local disk, or a shared filesystem mounted everywhere)
  * that is safe with several writers: a commit file {@code _delta_log/N.json} is created
  * put-if-absent with a hard link, as the engine's own driver-side commits are
- * (engine/lakehouse/store.py, {@code LocalStore.create}).
+ * (engine/lakehouse/storage/store.py, {@code LocalStore.create}).
  *
  * <p>Delta 4.4's default for file:, HDFSLogStore, checks that {@code N.json} is absent and then
  * renames its temporary file over it: a writer that creates {@code N.json} between the check and

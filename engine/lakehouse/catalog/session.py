@@ -24,12 +24,12 @@ from pyspark.sql.datasource import DataSourceStreamReader
 
 from engine.core.config import DEFAULT_CONF, EngineConfig
 from engine.core.errors import SetupError
-from engine.lakehouse.catalog import register_all
-from engine.lakehouse.fs import jvm
-from engine.lakehouse.layout import layout
-from engine.lakehouse.metastore import catalog_conf, derby_log, tidy_resources
-from engine.lakehouse.storage import s3a_conf, settings_for
-from engine.lakehouse.store import split_s3
+from engine.lakehouse.catalog.metastore import catalog_conf, derby_log, tidy_resources
+from engine.lakehouse.catalog.names import register_all
+from engine.lakehouse.storage.fs import jvm
+from engine.lakehouse.storage.layout import layout
+from engine.lakehouse.storage.location import s3a_conf, settings_for
+from engine.lakehouse.storage.store import split_s3
 
 REPO_ROOT = DEFAULT_CONF.parent.parent
 LOG4J_CONF = REPO_ROOT / "conf" / "log4j2.properties"
@@ -162,7 +162,7 @@ def build_spark(cfg: EngineConfig, extra_conf: dict[str, str] | None = None) -> 
     Under ``spark-submit`` the master and jars come from the command line (see the job
     docstrings); otherwise the session runs on ``cfg.spark_master`` with the jars from
     ``cfg.jars_dir``. With ``cfg.register_tables`` the tables that exist are named in the
-    session's catalog (:func:`engine.lakehouse.catalog.register_all`); nothing is created.
+    session's catalog (:func:`engine.lakehouse.catalog.names.register_all`); nothing is created.
 
     Raises:
         SetupError: when Java or the jars are missing, or Delta cannot be loaded.

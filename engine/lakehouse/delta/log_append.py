@@ -8,9 +8,9 @@ one per batch, a producer one per send, so every stage slowed down the longer th
 A blind append needs none of the snapshot: it writes Parquet files, then the next
 ``_delta_log/<version>.json`` (a ``commitInfo``, the ``txn`` when given, one ``add`` per file)
 with put-if-absent, as the Delta protocol asks of a writer (a hard link on a local disk, a
-conditional ``PUT`` on S3: :meth:`engine.lakehouse.store.Store.create`). Losing that race to another
-writer only means reading the winner's commit: a new schema or protocol reloads the table
-and is checked again, the same ``txn`` already recorded means the rows are already in, and
+conditional ``PUT`` on S3: :meth:`engine.lakehouse.storage.store.Store.create`). Losing that race
+to another writer only means reading the winner's commit: a new schema or protocol reloads the
+table and is checked again, the same ``txn`` already recorded means the rows are already in, and
 anything else (appends, deletes, compaction) does not conflict with an append.
 
 The appender writes only to tables whose features it honours: plain columns, no CHECK
@@ -44,10 +44,10 @@ import pyarrow.compute as pc
 from deltalake import DeltaTable
 
 from engine.core.errors import RetryableError
-from engine.lakehouse.checkpoints import CHECKPOINT_INTERVAL, checkpoint_interval
-from engine.lakehouse.delta_log import Txn, check_txn_kept
-from engine.lakehouse.storage import store_for
-from engine.lakehouse.store import Store
+from engine.lakehouse.delta.checkpoints import CHECKPOINT_INTERVAL, checkpoint_interval
+from engine.lakehouse.delta.delta_log import Txn, check_txn_kept
+from engine.lakehouse.storage.location import store_for
+from engine.lakehouse.storage.store import Store
 
 #: Writer features a blind append honours without doing anything, or once the table's
 #: schema and configuration show they are not in use (see :func:`unsupported`).

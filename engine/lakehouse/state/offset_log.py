@@ -2,7 +2,7 @@
 
 Like Spark's own offset log (and RocketMQ's ``delayOffset.json``, without its lost updates)
 each round's progress is a new file, written whole (put-if-absent for plans and commits)
-through the lakehouse's :mod:`~engine.lakehouse.store`, a local folder or S3 alike::
+through the lakehouse's :mod:`~engine.lakehouse.storage.store`, a local folder or S3 alike::
 
     delay_offset/00000000000000000041.json       round 41, committed
     delay_offset/00000000000000000042.plan.json  round 42, planned (topic writes started)
@@ -19,8 +19,8 @@ import re
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from engine.lakehouse.storage import store_for
-from engine.lakehouse.store import Store
+from engine.lakehouse.storage.location import store_for
+from engine.lakehouse.storage.store import Store
 
 _NAME = re.compile(r"^(\d{20})(\.plan)?\.json$")
 

@@ -22,10 +22,10 @@ from pyspark.sql.types import StructType
 
 from engine.core.config import EngineConfig
 from engine.core.errors import SetupError
-from engine.lakehouse.arrow_delta import columns, create_table
-from engine.lakehouse.delta_log import table_exists
-from engine.lakehouse.layout import Layout, layout
-from engine.lakehouse.storage import store_for
+from engine.lakehouse.delta.arrow_delta import columns, create_table
+from engine.lakehouse.delta.delta_log import table_exists
+from engine.lakehouse.storage.layout import Layout, layout
+from engine.lakehouse.storage.location import store_for
 from schemas import COMMAND_RESULTS, COMMANDS, COMMITLOG, CONSUMER_LOG, QUARANTINE, SCHEDULE, TOPIC
 
 log = logging.getLogger(__name__)

@@ -23,8 +23,8 @@ from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
 from engine.core.topics import topic_table_name
-from engine.lakehouse.storage import register
-from engine.lakehouse.store import S3Settings
+from engine.lakehouse.storage.location import register
+from engine.lakehouse.storage.store import S3Settings
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,7 @@ class Layout:
 
 def layout(cfg: EngineConfig) -> Layout:
     """The layout of the lakehouse ``cfg`` points at; an S3 lakehouse's settings are
-    registered for its files (:func:`engine.lakehouse.store.register`).
+    registered for its files (:func:`engine.lakehouse.storage.store.register`).
 
     Example:
         >>> layout(EngineConfig(lakehouse="/lake")).schedule

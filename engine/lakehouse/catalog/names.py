@@ -8,7 +8,7 @@ tables as ``<database>.commitlog`` etc., so that a session can run
 Registration happens at well-defined points, never inside a delivery round:
 
 * :func:`register_all` when a reader's session starts
-  (:func:`engine.lakehouse.session.build_spark`);
+  (:func:`engine.lakehouse.catalog.session.build_spark`);
 * :class:`Catalog` for the engine, after a round that created a topic table or the first
   committed round (the checkpoint views need the checkpoint's first file).
 
@@ -33,10 +33,15 @@ from pyspark.sql import functions as F
 from engine.core.config import EngineConfig
 from engine.core.errors import SetupError
 from engine.core.topics import ENGINE_TABLES, OPTIONAL_TABLES
-from engine.lakehouse.delta_log import list_topics, table_exists
-from engine.lakehouse.fs import list_files
-from engine.lakehouse.layout import layout
-from engine.lakehouse.views import checkpoint_views, delay_offset_query, history_query, lag_sql
+from engine.lakehouse.catalog.views import (
+    checkpoint_views,
+    delay_offset_query,
+    history_query,
+    lag_sql,
+)
+from engine.lakehouse.delta.delta_log import list_topics, table_exists
+from engine.lakehouse.storage.fs import list_files
+from engine.lakehouse.storage.layout import layout
 from schemas import SCHEDULE, column_names
 
 log = logging.getLogger(__name__)

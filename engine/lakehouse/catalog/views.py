@@ -1,5 +1,5 @@
 """The SQL of the engine's views, as text: the delivery checkpoint, what is pending, what
-is due, each message's history, and consumer lag. :mod:`engine.lakehouse.catalog` registers
+is due, each message's history, and consumer lag. :mod:`engine.lakehouse.catalog.names` registers
 them; the consumer's ``lag`` runs the same SQL.
 
 Each function returns a view's query (``SELECT ...``); the catalog names it.

@@ -12,7 +12,7 @@ from typing import Any
 
 from pyspark.sql import SparkSession
 
-from engine.lakehouse.storage import store_for
+from engine.lakehouse.storage.location import store_for
 
 
 def jvm(spark: SparkSession) -> Any:
@@ -55,7 +55,7 @@ def list_files(folder: str, suffix: str = "") -> list[str]:
 def put_if_absent(location: str, data: bytes) -> bool:
     """Create the file ``location`` holding ``data``, unless it exists; whether it did.
 
-    Atomic on every store (:meth:`engine.lakehouse.store.Store.create`): of writers racing
+    Atomic on every store (:meth:`engine.lakehouse.storage.store.Store.create`): of writers racing
     for one name exactly one creates it, and a reader sees the file whole or not at all.
 
     Example:

@@ -35,7 +35,7 @@ from obstore.exceptions import AlreadyExistsError, BaseError, NotFoundError, Pre
 from obstore.store import S3Store as _Client
 
 from engine.core.errors import SetupError
-from engine.lakehouse.store import S3Settings, Store, parquet_bytes, split_s3
+from engine.lakehouse.storage.store import S3Settings, Store, parquet_bytes, split_s3
 
 #: Tries of a request that failed on the way (the client retries transient errors itself).
 _CLIENT_RETRIES = 3
@@ -43,7 +43,7 @@ _TIMEOUT = timedelta(seconds=30)
 
 
 class S3Store(Store):
-    """One S3 bucket (methods documented on :class:`~engine.lakehouse.store.Store`).
+    """One S3 bucket (methods documented on :class:`~engine.lakehouse.storage.store.Store`).
 
     Nothing is sent until the first call.
 

@@ -33,8 +33,8 @@ from pyspark.sql import DataFrame, SparkSession
 
 from engine.core.config import EngineConfig
 from engine.core.errors import SetupError
-from engine.lakehouse.layout import layout
-from engine.lakehouse.storage import store_for
+from engine.lakehouse.storage.layout import layout
+from engine.lakehouse.storage.location import store_for
 
 
 def is_txn_race(err: BaseException) -> bool:
@@ -113,7 +113,7 @@ def append(
         path: the table.
         txn: make the append idempotent (``txnAppId``/``txnVersion``): Spark looks the pair
             up at every write and writes nothing when the table records the app id at this
-            version or later. (:meth:`engine.lakehouse.arrow_delta.ArrowDelta.append` records
+            version or later. (:meth:`engine.lakehouse.delta.arrow_delta.ArrowDelta.append` records
             the pair but does not look it up first: see there.)
         metadata: the commit's ``userMetadata`` (shown by ``DESCRIBE HISTORY``).
         max_records_per_file: cut data files at this many rows.

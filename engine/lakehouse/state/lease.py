@@ -43,7 +43,13 @@ from datetime import UTC, datetime
 from engine.core.clock import Clock
 from engine.core.errors import FencedError, LakehouseHeldError
 from engine.core.processes import alive, machine_key, started
-from engine.lakehouse.fs import delete_file, list_files, put_if_absent, read_text, write_text
+from engine.lakehouse.storage.fs import (
+    delete_file,
+    list_files,
+    put_if_absent,
+    read_text,
+    write_text,
+)
 
 log = logging.getLogger("delayq")
 

@@ -23,7 +23,7 @@ import threading
 import time
 from collections.abc import Mapping
 
-from engine.lakehouse.storage import store_for
+from engine.lakehouse.storage.location import store_for
 
 log = logging.getLogger(__name__)
 

@@ -36,9 +36,9 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from engine.core.clock import to_micros
-from engine.lakehouse.arrow_delta import READ_OPTIONS, data_file
-from engine.lakehouse.storage import store_for
-from engine.lakehouse.store import Store
+from engine.lakehouse.delta.arrow_delta import READ_OPTIONS, data_file
+from engine.lakehouse.storage.location import store_for
+from engine.lakehouse.storage.store import Store
 
 _FORMAT = ds.ParquetFileFormat(
     read_options=READ_OPTIONS,

@@ -1,7 +1,7 @@
 """Which store holds a location, and the settings that reach an S3 lakehouse.
 
 An S3 lakehouse's settings (endpoint, region, credentials) are registered with
-:func:`register` for its root, which :func:`engine.lakehouse.layout.layout` does for the
+:func:`register` for its root, which :func:`engine.lakehouse.storage.layout.layout` does for the
 configuration it is given; what is not set there comes from the standard ``AWS_*``
 environment variables. A registration reaches this process's Spark too (Hadoop's S3A
 settings of the bucket), so Spark's reads and commits go where the engine's own go.
@@ -19,8 +19,8 @@ import threading
 from typing import Any
 
 from engine.core.errors import SetupError
-from engine.lakehouse.s3 import S3Store
-from engine.lakehouse.store import LocalStore, S3Settings, Store, local_path, split_s3
+from engine.lakehouse.storage.s3 import S3Store
+from engine.lakehouse.storage.store import LocalStore, S3Settings, Store, local_path, split_s3
 
 log = logging.getLogger(__name__)
 
@@ -114,7 +114,7 @@ def s3a_conf(bucket: str, settings: S3Settings) -> dict[str, str]:
 
 def _tell_spark(bucket: str, settings: S3Settings) -> None:
     """Set the bucket's S3A settings in the running Spark, if any (a Spark started later
-    gets them from :func:`engine.lakehouse.session.build_spark`)."""
+    gets them from :func:`engine.lakehouse.catalog.session.build_spark`)."""
     from pyspark import SparkContext
 
     context = SparkContext._active_spark_context

@@ -9,9 +9,9 @@ whole or not at all. A local folder does it with a hard link (or ``renameat2`` w
 ``RENAME_NOREPLACE``); S3 with a conditional ``PUT`` (``If-None-Match: *``), which Amazon S3
 and S3-compatible servers such as S3Proxy honour.
 
-A location is what :class:`~engine.lakehouse.layout.Layout` gives: a local path, a
+A location is what :class:`~engine.lakehouse.storage.layout.Layout` gives: a local path, a
 ``file:`` URI, or ``s3a://bucket/key`` (Spark's scheme; ``s3://`` is taken too).
-:func:`engine.lakehouse.storage.store_for` says which store holds a location.
+:func:`engine.lakehouse.storage.location.store_for` says which store holds a location.
 
 Example:
     >>> LocalStore().exists("/nowhere/at/all")
@@ -113,7 +113,7 @@ class S3Settings:
 class Store(ABC):
     """Small files and data files of one filesystem or bucket.
 
-    Paths are locations as :class:`~engine.lakehouse.layout.Layout` gives them. Every
+    Paths are locations as :class:`~engine.lakehouse.storage.layout.Layout` gives them. Every
     method is safe to call from several threads.
     """
 

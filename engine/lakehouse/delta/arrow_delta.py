@@ -7,7 +7,7 @@ their Delta statistics and appends a commit in about 10-20 ms. It writes the sam
 protocol: Spark reads what it commits (``DESCRIBE HISTORY`` shows the ``userMetadata``, the
 ``txn`` action is the one ``txnAppId``/``txnVersion`` record) and the other way round.
 
-The engine's tables are created by Spark (:mod:`engine.lakehouse.tables`), topic tables by
+The engine's tables are created by Spark (:mod:`engine.lakehouse.delta.tables`), topic tables by
 :func:`create_table`, with the schemas of :mod:`schemas`; appends are cast to the table's own
 schema, so a missing or mistyped column fails instead of changing the table.
 
@@ -41,11 +41,11 @@ from deltalake import (
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
 from engine.core.errors import RetryableError
-from engine.lakehouse.checkpoints import CHECKPOINTS, checkpoint_interval
-from engine.lakehouse.delta_log import Txn
-from engine.lakehouse.log_append import FileLayout, LogAppender, conform
-from engine.lakehouse.storage import store_for
-from engine.lakehouse.store import Store, local_path
+from engine.lakehouse.delta.checkpoints import CHECKPOINTS, checkpoint_interval
+from engine.lakehouse.delta.delta_log import Txn
+from engine.lakehouse.delta.log_append import FileLayout, LogAppender, conform
+from engine.lakehouse.storage.location import store_for
+from engine.lakehouse.storage.store import Store, local_path
 
 log = logging.getLogger(__name__)
 
@@ -119,7 +119,8 @@ class ArrowDelta:
     Nothing is read until asked. Safe to share between threads (one lock around the handle).
 
     Args:
-        path: the table (a lakehouse path, as :class:`~engine.lakehouse.layout.Layout` gives).
+        path: the table (a lakehouse path, as
+            :class:`~engine.lakehouse.storage.layout.Layout` gives).
     """
 
     def __init__(self, path: str) -> None:
@@ -198,7 +199,7 @@ class ArrowDelta:
         Args:
             rows: the rows; columns the table has, in any order.
             txn: recorded with the commit, as Spark's ``txnAppId``/``txnVersion`` are. Unlike
-                Spark's writer (:func:`engine.lakehouse.delta_log.append`), the write does not
+                Spark's writer (:func:`engine.lakehouse.delta.delta_log.append`), the write does not
                 look the pair up first: it is skipped only when the pair turns up while the
                 table is read (this handle's first read of it, or a commit this append loses
                 a race to). A replay asks :meth:`txn_version` before writing again (as
@@ -255,7 +256,7 @@ class ArrowDelta:
 
     def file_layout(self, names: list[str]) -> FileLayout | None:
         """How Spark tasks write data files for an append of rows with the columns ``names``
-        (:func:`~engine.lakehouse.log_append.write_files`), for :meth:`commit_files`;
+        (:func:`~engine.lakehouse.delta.log_append.write_files`), for :meth:`commit_files`;
         ``None`` when the table takes appends only through :meth:`append`.
 
         Example:
@@ -277,7 +278,8 @@ class ArrowDelta:
         """Add data files written for ``layout`` to the table in one commit.
 
         Args:
-            adds: the files' ``add`` actions (:func:`~engine.lakehouse.log_append.write_files`).
+            adds: the files' ``add`` actions
+                (:func:`~engine.lakehouse.delta.log_append.write_files`).
             rows: how many rows they hold.
             layout: what :meth:`file_layout` gave when they were written.
             txn: recorded with the commit; a commit that finds it recorded already adds
