@@ -287,7 +287,7 @@ class QuietStreamReader(DataSourceStreamReader):
             os._exit(0)
 
 
-_ENGINE_DIR = str(Path(__file__).resolve().parent.parent)
+_ENGINE_DIR = str(Path(__file__).resolve().parents[2])  # engine/
 
 
 def hung_up(err: BaseException | None) -> bool:
