@@ -20,7 +20,12 @@ Workloads:
   well ahead: lateness is the delivery stage's alone);
 * ``restart``: 0 .. N timers waiting days ahead and 1,000 messages due (sent, not stamped, as
   a crash leaves them); then a new engine process, launched as ``make engine`` does: the
-  seconds from its launch to its first delivered round.
+  seconds from its launch to its first delivered round;
+* ``scale``: the engine as an application on a standalone cluster the workload starts (two
+  workers, executors in their own JVMs): N messages sent to it at once (a ``commitlog``
+  backlog to stamp), all due at one instant (a spike to deliver). Where the CPU seconds go
+  (the driver's JVM and Python against the executors' JVMs and Python workers, from
+  ``/proc``) and the driver's peak resident size, at each size.
 """
 
 from __future__ import annotations
@@ -33,12 +38,13 @@ import platform
 import re
 import shutil
 import signal
+import socket
 import statistics
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timedelta
@@ -55,6 +61,7 @@ from pyspark.sql import functions as F
 from engine.core.clock import SystemClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.levels import parse_levels
+from engine.deliver.ahead import HORIZON_S
 from engine.lakehouse.delta.arrow_delta import ArrowDelta
 from engine.lakehouse.delta.delta_log import list_topics, table_exists
 from engine.lakehouse.storage.fs import jvm
@@ -77,6 +84,15 @@ BEHIND_P99_MS = 10_000
 RESTART_DUE = 1_000
 #: How long the ``restart`` workload waits for the new engine's first delivered round.
 RESTART_TIMEOUT_S = 600
+#: ``scale``: the cluster it starts (workers x cores, each worker's memory) and the engine's
+#: executors' memory; the engine takes every core.
+SCALE_WORKERS, SCALE_CORES, SCALE_WORKER_MEMORY, SCALE_EXECUTOR_MEMORY = 2, 2, "3g", "2g"
+#: ``scale``: how long a run may take, launch to the last row visible.
+SCALE_TIMEOUT_S = 1800
+#: ``scale``: seconds the engine runs on the cluster before the messages are sent.
+SCALE_WARM_S = 20
+#: The executors' process name on a standalone cluster's workers.
+EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
 
 
 @dataclass(frozen=True)
@@ -104,6 +120,8 @@ class BenchPlan:
     aging: tuple[int, int] = (4, 45)  # segments x seconds, at fanout_rate on one engine
     #: ``members``: messages on one topic, handled by groups of each size (SimpleConsumer).
     members: tuple[int, tuple[int, ...]] = (2_000, (1, 2, 4))
+    #: ``scale``: messages in each run's backlog-then-spike, smallest first.
+    scale: tuple[int, ...] = (200_000, 1_000_000)
 
 
 QUICK = BenchPlan(
@@ -123,6 +141,7 @@ FULL = BenchPlan(
     cli_runs=(10, 10),
     aging=(5, 120),
     members=(10_000, (1, 2, 4)),
+    scale=(1_000_000, 5_000_000),
 )
 #: A minute-long run of every workload on tiny numbers: checks the benchmark itself.
 SMOKE = BenchPlan(
@@ -142,6 +161,7 @@ SMOKE = BenchPlan(
     cli_runs=(2, 1),
     aging=(2, 5),
     members=(40, (2,)),
+    scale=(20_000,),
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
@@ -313,21 +333,121 @@ def _cpu_s(pid: int) -> float:
 
 def _tree_rss_mb(pid: int) -> float:
     """Resident size of a process and its descendants (a spark-submit JVM and its Python)."""
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
+    total = 0.0
+    for each in _tree(pid):
         try:
-            total += _rss_mb(current)
-            for task in Path(f"/proc/{current}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except (OSError, ValueError):  # gone meanwhile
+            total += _rss_mb(each)
+        except OSError:  # gone meanwhile
             continue
     return total
 
 
-def _delivered_rows(log_dir: Path, before: set[Path]) -> int:
+def _tree(pid: int) -> list[int]:
+    """A process and its descendants, those alive now."""
+    found, todo = [], [pid]
+    while todo:
+        current = todo.pop()
+        try:
+            for task in Path(f"/proc/{current}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+        found.append(current)
+    return found
+
+
+def _tree_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) of a process and its descendants, with the children they
+    reaped (a Python worker that exited counts in its daemon's)."""
+    total = 0.0
+    for each in _tree(pid):
+        try:
+            fields = Path(f"/proc/{each}/stat").read_text().rpartition(")")[2].split()
+        except OSError:
+            continue
+        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
+    return total
+
+
+def _executors(app_id: str) -> list[int]:
+    """The pids of an application's executors on this machine (standalone workers' JVMs)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            command = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if EXECUTOR_CLASS.encode() in command and app_id.encode() in command:
+            pids.append(int(proc.name))
+    return pids
+
+
+def _absolute_python(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with ``PYSPARK_PYTHON`` as an absolute path when it is a relative one (a
+    cluster's executors start it from their own work folders)."""
+    python = env.get("PYSPARK_PYTHON", "")
+    if "/" in python and not python.startswith("/"):
+        return {**env, "PYSPARK_PYTHON": str(Path(python).absolute())}
+    return dict(env)
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def _every(seconds: float, call: Callable[[int], None]) -> Callable[[int], None]:
+    """``call``, at most once every ``seconds`` (the first time at once)."""
+    last = [-math.inf]
+
+    def limited(pid: int) -> None:
+        if time.monotonic() - last[0] >= seconds:
+            last[0] = time.monotonic()
+            call(pid)
+
+    return limited
+
+
+@dataclass(frozen=True)
+class Sample:
+    """The ``scale`` workload's look at the engine's processes: when (ms), their CPU seconds so
+    far, and the rows ``schedule`` holds."""
+
+    ms: float
+    driver_python_s: float  # the driver's Python processes (its own, the sources' planners)
+    driver_jvm_s: float
+    executors_s: float  # the executors' JVMs and their Python workers
+    stamped: int
+
+
+def _cpu_share(samples: Sequence[Sample], start_ms: float, end_ms: float | None) -> dict[str, Any]:
+    """Seconds and CPU seconds between ``start_ms`` and ``end_ms`` (the samples nearest each),
+    split between driver and executors, and the executors' share."""
+    if end_ms is None or not samples:
+        return {"seconds": None, "driver_cpu_s": None, "executor_cpu_s": None,
+                "executor_cpu_share": None}  # fmt: skip
+    first = min(samples, key=lambda s: abs(s.ms - start_ms))
+    last = min(samples, key=lambda s: abs(s.ms - end_ms))
+    python = last.driver_python_s - first.driver_python_s
+    driver = python + last.driver_jvm_s - first.driver_jvm_s
+    executors = last.executors_s - first.executors_s
+    return {
+        "seconds": round((end_ms - start_ms) / 1000, 1),
+        "driver_cpu_s": round(driver, 1),
+        "driver_python_cpu_s": round(python, 1),
+        "executor_cpu_s": round(executors, 1),
+        "executor_cpu_share": round(executors / (driver + executors), 3)
+        if driver + executors > 0
+        else None,
+    }
+
+
+def _delivered_rows(log_dir: Path, before: set[Path], tag: str | None = "delayq round ") -> int:
     """Rows added by delivery commits in a topic table's Delta log (no Spark), except the
-    commits in ``before``."""
+    commits in ``before``; with ``tag=None``, by every commit (``schedule``'s stamping)."""
     rows = 0
     for commit in sorted(set(log_dir.glob("*.json")) - before) if log_dir.exists() else ():
         try:
@@ -335,7 +455,7 @@ def _delivered_rows(log_dir: Path, before: set[Path]) -> int:
         except (OSError, ValueError):  # being written
             continue
         info: dict[str, Any] = next((e["commitInfo"] for e in entries if "commitInfo" in e), {})
-        if str(info.get("userMetadata", "")).startswith("delayq round "):
+        if tag is None or str(info.get("userMetadata", "")).startswith(tag):
             rows += sum(
                 int(json.loads(e["add"].get("stats") or "{}").get("numRecords", 0))
                 for e in entries
@@ -369,7 +489,7 @@ def commit_times(path: str) -> dict[int, int]:
 _ROUND_TAG = re.compile(r"^delayq round (\d+)")
 #: Workloads that watch a lakehouse's files on this machine's disk (engine processes'
 #: commits, their control.json): not run with an S3 lakehouse.
-LOCAL_ONLY = frozenset({"restart", "cli"})
+LOCAL_ONLY = frozenset({"restart", "cli", "scale"})
 _VISIBLE = pa.schema(
     [(n, pa.int64()) for n in ("delivery_round", "deliver_ms", "delivered_ms", "visible_ms")]
 )
@@ -742,8 +862,22 @@ class Bench:
             )
         return runs
 
-    def _launch_until_delivered(self, cfg: EngineConfig, topic: str, rows: int) -> dict[str, Any]:
-        """Launch ``jobs/delay_engine.py`` on ``cfg``, stop it once ``rows`` are in ``topic``."""
+    def _launch_until_delivered(
+        self,
+        cfg: EngineConfig,
+        topic: str,
+        rows: int,
+        *,
+        extra: Sequence[str] = (),
+        tag: str = "restart",
+        watch: Callable[[int], None] | None = None,
+        timeout: float = RESTART_TIMEOUT_S,
+    ) -> dict[str, Any]:
+        """Launch ``jobs/delay_engine.py`` on ``cfg``, stop it once ``rows`` are in ``topic``.
+
+        ``extra`` is more of the job's arguments; ``watch`` is called with the
+        process's pid at each look (every 0.2 s); ``tag`` picks the rows whose visibility is
+        timed."""
         from engine.lakehouse.catalog.session import REPO_ROOT
 
         submit = Path(sys.executable).parent / "spark-submit"
@@ -753,7 +887,7 @@ class Bench:
             str(REPO_ROOT / ".jars" / "spark-defaults.conf"),
             str(REPO_ROOT / "jobs" / "delay_engine.py"),
             "--max-seconds",
-            str(RESTART_TIMEOUT_S),
+            str(int(timeout)),
             *self.engine_args,
             "--set",
             f"lakehouse.path={cfg.lakehouse_path}",
@@ -763,6 +897,7 @@ class Bench:
             "sql.register_tables=false",
             "--set",
             f"lakehouse.database={cfg.database}",
+            *extra,
         ]
         log_dir = Path(layout(cfg).topic(topic)) / "_delta_log"
         before = set(log_dir.glob("*.json")) if log_dir.exists() else set()
@@ -771,7 +906,12 @@ class Bench:
         started = time.monotonic()
         with log_path.open("w") as engine_log:
             process = subprocess.Popen(
-                command, stdout=subprocess.PIPE, stderr=engine_log, text=True, cwd=REPO_ROOT
+                command,
+                stdout=subprocess.PIPE,
+                stderr=engine_log,
+                text=True,
+                cwd=REPO_ROOT,
+                env=_absolute_python(os.environ),
             )
             lines: list[tuple[float, str]] = []
             reader = threading.Thread(
@@ -783,8 +923,10 @@ class Bench:
             reader.start()
             peak_rss = 0.0
             delivered = False
-            while process.poll() is None and time.monotonic() - started < RESTART_TIMEOUT_S:
+            while process.poll() is None and time.monotonic() - started < timeout:
                 peak_rss = max(peak_rss, _tree_rss_mb(process.pid))
+                if watch is not None:
+                    watch(process.pid)
                 if _delivered_rows(log_dir, before) >= rows:
                     delivered = True
                     break
@@ -801,7 +943,7 @@ class Bench:
         commits = [
             ms for ms in commit_times(layout(cfg).topic(topic)).values() if ms >= launched_ms
         ]
-        visible = [pc.max(visible_rows(self.spark, cfg, "restart")["visible_ms"]).as_py()]
+        visible = [pc.max(visible_rows(self.spark, cfg, tag)["visible_ms"]).as_py()]
         session = next((t for t, line in lines if line.startswith("delayq: lakehouse")), None)
         return {
             "first_round_s": round((min(commits) - launched_ms) / 1000, 2) if commits else None,
@@ -809,11 +951,149 @@ class Bench:
                 round((visible[0] - launched_ms) / 1000, 2) if visible and visible[0] else None
             ),
             "session_s": round(session, 2) if session is not None else None,
+            "launched_ms": launched_ms,
             "exit_code": exit_code,
             "peak_rss_mb": round(peak_rss),
             "driver_memory": "spark-submit default",
             "engine_output": [f"{t:7.2f} s  {line}" for t, line in lines[:30]],
         }
+
+    def scale(self) -> list[dict[str, Any]]:
+        """On a standalone cluster this workload starts: N messages in ``commitlog``, all due
+        at one instant, then an engine process on the cluster, stopped once all are visible.
+
+        The messages are sent :data:`SCALE_WARM_S` after the engine's executors are up (the
+        JVMs' start is not what is measured; those seconds are the *idle* phase, the engine's
+        cost with nothing to do). Its two phases are timed and their CPU seconds
+        split between the driver (the ``spark-submit`` JVM, and the driver's Python and its
+        children) and the executors (their JVMs, Python daemons and workers): *stamp* from the
+        send's commit to the last ``schedule`` commit of the backlog, *deliver* from then (or
+        from 30 s before the instant, when the spike's files can be written ahead, if that is
+        later) to the last row visible. The instant is set from the previous size's times (the
+        first: a guess), so that stamping ends before it; ``stamped_before_instant`` says
+        whether it did.
+        """
+        from jobs.tools.cluster import read_state, start, stop
+
+        home = (self.out_dir / f"cluster-{self.stamp}").resolve()
+        ports = {"port": _free_port(), "ui_port": _free_port()}
+        self.say(f"scale: a cluster of {SCALE_WORKERS} workers x {SCALE_CORES} cores ({home})")
+        cluster = start(home, SCALE_WORKERS, SCALE_CORES, SCALE_WORKER_MEMORY, **ports)
+        on_cluster = [
+            "--set", f"spark.master={cluster.master_url}",
+            "--set", f"spark.conf.spark.executor.memory={SCALE_EXECUTOR_MEMORY}",
+            "--set", f"spark.conf.spark.cores.max={SCALE_WORKERS * SCALE_CORES}",
+        ]  # fmt: skip
+
+        def apps() -> list[dict[str, Any]]:
+            state = read_state(home, ports["ui_port"])
+            return list(state.apps) if state is not None else []
+
+        runs: list[dict[str, Any]] = []
+        try:
+            for size in sorted(self.plan.scale):
+                runs.append(self._scale_run(size, on_cluster, apps, runs[-1:]))
+        finally:
+            stop(home)
+        if len(runs) > 1 and runs[0]["driver_rss_peak_mb"]:
+            ratio = runs[-1]["driver_rss_peak_mb"] / runs[0]["driver_rss_peak_mb"]
+            for run in runs:
+                run["driver_rss_vs_smallest"] = round(
+                    run["driver_rss_peak_mb"] / runs[0]["driver_rss_peak_mb"], 2
+                )
+            self.say(f"  driver peak RSS, largest / smallest size: {ratio:.2f}x")
+        return runs
+
+    def _scale_run(
+        self,
+        size: int,
+        on_cluster: Sequence[str],
+        apps: Callable[[], list[dict[str, Any]]],
+        before: list[dict[str, Any]],
+    ) -> dict[str, Any]:
+        """One ``scale`` size (see :meth:`scale`); ``apps`` lists the cluster's applications."""
+        cfg = self.cfg(f"scale-{size}")
+        schedule_log = Path(layout(cfg).schedule) / "_delta_log"
+        if before and before[-1]["stamp"]["seconds"]:  # the previous size's, with room
+            prev = before[-1]
+            took = prev["send_seconds"] + prev["stamp"]["seconds"]
+            lead = 35 + 1.2 * took * size / prev["size"]
+        else:
+            lead = 45 + 60 * size / 1_000_000
+        samples: list[Sample] = []
+        app: list[str] = []
+        ready: list[float] = []
+        sent: dict[str, float] = {}
+
+        def send() -> None:
+            instant = SystemClock().now().replace(microsecond=0) + timedelta(seconds=round(lead))
+            sent["instant_ms"] = to_millis(instant)
+            sent["start_ms"] = time.time() * 1000
+            started = time.monotonic()
+            send_df(self.spark, cfg, self.spark.range(size).select(
+                F.lit("bench_scale").alias("topic"), F.lit("scale").alias("body"),
+                F.lit("scale").alias("tags"), F.lit(instant).alias("deliver_at"),
+            ))  # fmt: skip
+            sent["seconds"] = round(time.monotonic() - started, 1)
+            sent["ms"] = time.time() * 1000
+
+        sender = threading.Thread(target=send, name="scale-send", daemon=True)
+
+        def watch(pid: int) -> None:
+            if not app:  # the engine's application on the cluster, once it registered
+                app.extend(a["id"] for a in apps() if a.get("name") == cfg.app_name)
+            executors = _executors(app[0]) if app else []
+            if not ready and executors and schedule_log.exists():
+                ready.extend((time.monotonic(), time.time() * 1000))
+            if ready and sender.ident is None and time.monotonic() - ready[0] >= SCALE_WARM_S:
+                self.say(f"  sending {size:,} to the running engine, due {round(lead)} s from now")
+                sender.start()
+            driver = _tree_cpu_s(pid)
+            samples.append(Sample(
+                time.time() * 1000, driver - _cpu_s(pid), _cpu_s(pid),
+                sum(_tree_cpu_s(e) for e in executors),
+                _delivered_rows(schedule_log, set(), tag=None),
+            ))  # fmt: skip
+
+        self.say(f"scale: {size:,} messages due at one instant, sent to an engine on the cluster")
+        run = self._launch_until_delivered(
+            cfg, "bench_scale", size, extra=on_cluster, tag="scale", watch=_every(1.0, watch),
+            timeout=SCALE_TIMEOUT_S,
+        )  # fmt: skip
+        sender.join(timeout=60)
+        stamped_ms = next((s.ms for s in samples if s.stamped >= size), None)
+        visible_ms = run["launched_ms"] + 1000 * (run["all_visible_s"] or 0)
+        instant_ms = sent.get("instant_ms", 0)
+        result = {
+            "size": size,
+            "send_seconds": sent.get("seconds"),
+            "cores": SCALE_WORKERS * SCALE_CORES,
+            "stamped_before_instant": bool(stamped_ms and stamped_ms < instant_ms),
+            "idle": _cpu_share(samples, ready[1] if ready else 0, sent.get("start_ms")),
+            "stamp": _cpu_share(samples, sent.get("ms", 0), stamped_ms),
+            "deliver": _cpu_share(
+                samples,
+                max(stamped_ms or 0, instant_ms - 1000 * HORIZON_S),
+                visible_ms if run["all_visible_s"] else None,
+            ),
+            "last_visible_after_instant_s": (
+                round((visible_ms - instant_ms) / 1000, 2) if run["all_visible_s"] else None
+            ),
+            "driver_rss_peak_mb": run["peak_rss_mb"],
+            "exit_code": run["exit_code"],
+            "engine_output": run["engine_output"],
+        }
+        result.update(lateness(visible_rows(self.spark, cfg, "scale"), size))
+        shares = {p: result[p]["executor_cpu_share"] for p in ("stamp", "deliver")}
+        result["executor_cpu_share"] = shares
+        self.say(
+            f"  stamped in {result['stamp']['seconds']} s (executors' share {shares['stamp']}), "
+            f"delivered in {result['deliver']['seconds']} s ({shares['deliver']}); last row "
+            f"{result['last_visible_after_instant_s']} s after the instant | early "
+            f"{result['early']} dup {result['duplicates']} missing {result['missing']} | driver "
+            f"peak RSS {result['driver_rss_peak_mb']} MB"
+        )
+        return result
 
     def spike(self) -> dict[str, Any]:
         """``spike`` messages due at one instant T, and 1,000 due at T + 1 s."""
@@ -1460,6 +1740,14 @@ def table(results: dict[str, Any]) -> str:
             f"members: a group of {r['members']} handled {r['handled']:,}/{r['messages']:,} in "
             f"{r['seconds']} s ({r['msg_per_s']} msg/s), {r['twice']} twice; {acks}"
         )
+    for r in work.get("scale", []):
+        share = r["executor_cpu_share"]
+        lines.append(
+            f"scale {r['size']:,} on {r['cores']} executor cores: executors' share of the CPU "
+            f"stamping {share['stamp']}, delivering {share['deliver']}; driver peak RSS "
+            f"{r['driver_rss_peak_mb']:,} MB; last row {r['last_visible_after_instant_s']} s after "
+            f"the instant (early {r['early']}, dup {r['duplicates']}, missing {r['missing']})"
+        )
     wake = work.get("wakeup")
     if wake:
         lines.append(
@@ -1613,6 +1901,21 @@ def _panels(work: dict[str, Any]) -> list[Callable[[Any], None]]:
         ax.set_title("delayq commands: through the running engine vs --local")
         ax.legend()
 
+    def scale(ax: Any) -> None:
+        runs = work["scale"]
+        places = np.arange(len(runs))
+        for offset, phase, color in ((-0.2, "stamp", "tab:blue"), (0.2, "deliver", "tab:green")):
+            shares = [r["executor_cpu_share"][phase] or 0 for r in runs]
+            ax.bar(places + offset, shares, 0.4, color=color, label=f"{phase}: executors' share")
+        ax.axhline(0.8, color="black", linestyle="--", linewidth=1, label="target 0.8")
+        ax.set_xticks(places, [f"{r['size']:,}" for r in runs])
+        ax.set_ylim(0, 1)
+        ax.set_xlabel("messages (backlog, then due at one instant)")
+        ax.set_ylabel("executors' CPU / application's CPU")
+        rss = ", ".join(f"{r['driver_rss_peak_mb']:,}" for r in runs)
+        ax.set_title(f"scale on a cluster (driver peak RSS {rss} MB)")
+        ax.legend()
+
     wanted = (
         ("steady", steady),
         ("backlog", backlog),
@@ -1622,6 +1925,7 @@ def _panels(work: dict[str, Any]) -> list[Callable[[Any], None]]:
         ("aging", aging_stages),
         ("aging", aging_lateness),
         ("cli", cli),
+        ("scale", scale),
     )
     for name, draw in wanted:
         if work.get(name) and draw not in panels:
@@ -1642,6 +1946,7 @@ WORKLOADS = (
     "kafka",
     "kafka_eos",
     "cli",
+    "scale",
 )
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from jobs.tools.benchmark import _panels, chart
+from jobs.tools.benchmark import Sample, _cpu_share, _panels, chart
 
 STEP = {"late_p50_ms": 60, "late_p95_ms": 200, "late_p99_ms": 230, "rate_achieved": 1000}
 SETTINGS = {"mode": "quick", "cpu_count": 2, "started_utc": "20260101T000000Z"}
@@ -24,3 +24,22 @@ def test_a_run_without_charted_workloads_still_writes_a_png(tmp_path: Path) -> N
     results: dict[str, Any] = {"settings": SETTINGS, "workloads": {"wakeup": {"polls": 3}}}
     chart(results, tmp_path / "run.png")
     assert (tmp_path / "run.png").read_bytes().startswith(b"\x89PNG")
+
+
+def test_the_scale_workload_splits_a_phases_cpu_between_driver_and_executors() -> None:
+    samples = [
+        Sample(ms=0.0, driver_python_s=0.5, driver_jvm_s=0.5, executors_s=0.0, stamped=0),
+        Sample(ms=1000.0, driver_python_s=1.0, driver_jvm_s=1.0, executors_s=3.0, stamped=5),
+        Sample(ms=2000.0, driver_python_s=1.0, driver_jvm_s=1.5, executors_s=7.0, stamped=10),
+    ]
+    assert _cpu_share(samples, 0.0, 2000.0) == {
+        "seconds": 2.0,
+        "driver_cpu_s": 1.5,
+        "driver_python_cpu_s": 0.5,
+        "executor_cpu_s": 7.0,
+        "executor_cpu_share": 0.824,
+    }
+    assert _cpu_share(samples, 900.0, 2100.0)["executor_cpu_s"] == 4.0  # the nearest samples
+    assert _cpu_share(samples, 0.0, None)["executor_cpu_share"] is None  # the phase never ended
+    run = {"size": 10, "executor_cpu_share": {"stamp": 0.8, "deliver": None}}
+    assert len(_panels({"scale": [{**run, "driver_rss_peak_mb": 900}]})) == 1
