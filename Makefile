@@ -169,7 +169,7 @@ test: setup check ## Set up, lint, type-check and run the whole test suite (TEST
 test-quick: venv ## Run the unit tests only: no JVM, no Maven, Kafka or S3 set-up (under a minute)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-bench: setup ## Benchmark (MODE=quick, ~15-20 min, or MODE=full): JSON + PNG in bench/out/
+bench: setup ## Benchmark (MODE=quick, ~25 min, or MODE=full): JSON + PNG in bench/out/
 	$(SUBMIT) --driver-memory 12g jobs/bench.py --mode $(MODE) $(BENCH_ARGS)
 	@if [ -n "$(WITH_PEERS)" ]; then $(MAKE) --no-print-directory bench-peers; fi
 

@@ -356,17 +356,32 @@ def _tree(pid: int) -> list[int]:
     return found
 
 
-def _tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + system) of a process and its descendants, with the children they
-    reaped (a Python worker that exited counts in its daemon's)."""
-    total = 0.0
-    for each in _tree(pid):
-        try:
-            fields = Path(f"/proc/{each}/stat").read_text().rpartition(")")[2].split()
-        except OSError:
-            continue
-        total += sum(int(f) for f in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-    return total
+class CpuTracker:
+    """CPU seconds (user + system) of process trees, processes that exited included.
+
+    Each process seen is remembered by pid and start time with its own CPU seconds at the
+    last look: a process that exits between two looks keeps its last figure. (A reaped
+    child's seconds in its parent's ``cutime`` are not used: PySpark's daemon does not reap
+    its workers, and a reaped child would be counted twice.) What a process used after the
+    last look before it exited, or a process that lived between two looks, is missed.
+    """
+
+    def __init__(self) -> None:
+        self.seen: dict[tuple[int, int], float] = {}
+
+    def look(self, roots: Sequence[int]) -> None:
+        """Take the current figures of ``roots`` and their descendants."""
+        for pid in (each for root in roots for each in _tree(root)):
+            try:
+                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+            except OSError:  # gone meanwhile
+                continue
+            own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+            self.seen[(pid, int(fields[19]))] = own  # (pid, start time): pids are reused
+
+    def total(self, only: Callable[[int], bool] = lambda pid: True) -> float:
+        """The CPU seconds of every process seen (``only`` those whose pid it accepts)."""
+        return sum(s for (pid, _), s in self.seen.items() if only(pid))
 
 
 def _executors(app_id: str) -> list[int]:
@@ -417,18 +432,21 @@ class Sample:
     far, and the rows ``schedule`` holds."""
 
     ms: float
-    driver_python_s: float  # the driver's Python processes (its own, the sources' planners)
+    driver_python_s: float  # what the driver's JVM started: its Python, the sources' planners
     driver_jvm_s: float
     executors_s: float  # the executors' JVMs and their Python workers
     stamped: int
 
 
-def _cpu_share(samples: Sequence[Sample], start_ms: float, end_ms: float | None) -> dict[str, Any]:
+def _cpu_share(
+    samples: Sequence[Sample], start_ms: float | None, end_ms: float | None
+) -> dict[str, Any]:
     """Seconds and CPU seconds between ``start_ms`` and ``end_ms`` (the samples nearest each),
-    split between driver and executors, and the executors' share."""
-    if end_ms is None or not samples:
-        return {"seconds": None, "driver_cpu_s": None, "executor_cpu_s": None,
-                "executor_cpu_share": None}  # fmt: skip
+    split between driver and executors, and the executors' share; ``None`` figures for a
+    phase that did not start or end."""
+    if start_ms is None or end_ms is None or not samples:
+        return {"seconds": None, "driver_cpu_s": None, "driver_python_cpu_s": None,
+                "executor_cpu_s": None, "executor_cpu_share": None}  # fmt: skip
     first = min(samples, key=lambda s: abs(s.ms - start_ms))
     last = min(samples, key=lambda s: abs(s.ms - end_ms))
     python = last.driver_python_s - first.driver_python_s
@@ -990,11 +1008,14 @@ class Bench:
             return list(state.apps) if state is not None else []
 
         runs: list[dict[str, Any]] = []
+        earlier: list[str] = []
         try:
             for size in sorted(self.plan.scale):
-                runs.append(self._scale_run(size, on_cluster, apps, runs[-1:]))
+                runs.append(self._scale_run(size, on_cluster, apps, runs[-1:], earlier))
         finally:
             stop(home)
+            if not self.keep:
+                shutil.rmtree(home, ignore_errors=True)
         if len(runs) > 1 and runs[0]["driver_rss_peak_mb"]:
             ratio = runs[-1]["driver_rss_peak_mb"] / runs[0]["driver_rss_peak_mb"]
             for run in runs:
@@ -1010,8 +1031,10 @@ class Bench:
         on_cluster: Sequence[str],
         apps: Callable[[], list[dict[str, Any]]],
         before: list[dict[str, Any]],
+        earlier_apps: list[str],
     ) -> dict[str, Any]:
-        """One ``scale`` size (see :meth:`scale`); ``apps`` lists the cluster's applications."""
+        """One ``scale`` size (see :meth:`scale`); ``apps`` lists the cluster's applications,
+        ``earlier_apps`` the ids of the earlier sizes' engines (this run adds its own)."""
         cfg = self.cfg(f"scale-{size}")
         schedule_log = Path(layout(cfg).schedule) / "_delta_log"
         if before and before[-1]["stamp"]["seconds"]:  # the previous size's, with room
@@ -1023,35 +1046,44 @@ class Bench:
         samples: list[Sample] = []
         app: list[str] = []
         ready: list[float] = []
-        sent: dict[str, float] = {}
+        sent: dict[str, Any] = {}
+        driver_cpu, executor_cpu = CpuTracker(), CpuTracker()
 
         def send() -> None:
             instant = SystemClock().now().replace(microsecond=0) + timedelta(seconds=round(lead))
             sent["instant_ms"] = to_millis(instant)
             sent["start_ms"] = time.time() * 1000
             started = time.monotonic()
-            send_df(self.spark, cfg, self.spark.range(size).select(
-                F.lit("bench_scale").alias("topic"), F.lit("scale").alias("body"),
-                F.lit("scale").alias("tags"), F.lit(instant).alias("deliver_at"),
-            ))  # fmt: skip
+            try:
+                send_df(self.spark, cfg, self.spark.range(size).select(
+                    F.lit("bench_scale").alias("topic"), F.lit("scale").alias("body"),
+                    F.lit("scale").alias("tags"), F.lit(instant).alias("deliver_at"),
+                ))  # fmt: skip
+            except Exception as err:  # the run stops at the next look, naming it
+                sent["error"] = err
+                return
             sent["seconds"] = round(time.monotonic() - started, 1)
             sent["ms"] = time.time() * 1000
 
         sender = threading.Thread(target=send, name="scale-send", daemon=True)
 
         def watch(pid: int) -> None:
+            if "error" in sent:
+                raise RuntimeError(f"sending the messages failed: {sent['error']}")
             if not app:  # the engine's application on the cluster, once it registered
-                app.extend(a["id"] for a in apps() if a.get("name") == cfg.app_name)
+                ids = [a["id"] for a in apps() if a.get("name") == cfg.app_name]
+                app.extend(sorted(set(ids) - set(earlier_apps))[-1:])
             executors = _executors(app[0]) if app else []
             if not ready and executors and schedule_log.exists():
                 ready.extend((time.monotonic(), time.time() * 1000))
             if ready and sender.ident is None and time.monotonic() - ready[0] >= SCALE_WARM_S:
                 self.say(f"  sending {size:,} to the running engine, due {round(lead)} s from now")
                 sender.start()
-            driver = _tree_cpu_s(pid)
+            driver_cpu.look([pid])
+            executor_cpu.look(executors)
             samples.append(Sample(
-                time.time() * 1000, driver - _cpu_s(pid), _cpu_s(pid),
-                sum(_tree_cpu_s(e) for e in executors),
+                time.time() * 1000, driver_cpu.total(lambda p: p != pid),
+                driver_cpu.total(lambda p: p == pid), executor_cpu.total(),
                 _delivered_rows(schedule_log, set(), tag=None),
             ))  # fmt: skip
 
@@ -1060,7 +1092,9 @@ class Bench:
             cfg, "bench_scale", size, extra=on_cluster, tag="scale", watch=_every(1.0, watch),
             timeout=SCALE_TIMEOUT_S,
         )  # fmt: skip
-        sender.join(timeout=60)
+        if sender.ident is not None:
+            sender.join(timeout=60)
+        earlier_apps.extend(app)
         stamped_ms = next((s.ms for s in samples if s.stamped >= size), None)
         visible_ms = run["launched_ms"] + 1000 * (run["all_visible_s"] or 0)
         instant_ms = sent.get("instant_ms", 0)
@@ -1069,11 +1103,11 @@ class Bench:
             "send_seconds": sent.get("seconds"),
             "cores": SCALE_WORKERS * SCALE_CORES,
             "stamped_before_instant": bool(stamped_ms and stamped_ms < instant_ms),
-            "idle": _cpu_share(samples, ready[1] if ready else 0, sent.get("start_ms")),
-            "stamp": _cpu_share(samples, sent.get("ms", 0), stamped_ms),
+            "idle": _cpu_share(samples, ready[1] if ready else None, sent.get("start_ms")),
+            "stamp": _cpu_share(samples, sent.get("ms"), stamped_ms),
             "deliver": _cpu_share(
                 samples,
-                max(stamped_ms or 0, instant_ms - 1000 * HORIZON_S),
+                max(stamped_ms, instant_ms - 1000 * HORIZON_S) if stamped_ms else None,
                 visible_ms if run["all_visible_s"] else None,
             ),
             "last_visible_after_instant_s": (

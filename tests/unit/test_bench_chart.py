@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
-from jobs.tools.benchmark import Sample, _cpu_share, _panels, chart
+from jobs.tools.benchmark import CpuTracker, Sample, _cpu_share, _panels, chart
 
 STEP = {"late_p50_ms": 60, "late_p95_ms": 200, "late_p99_ms": 230, "rate_achieved": 1000}
 SETTINGS = {"mode": "quick", "cpu_count": 2, "started_utc": "20260101T000000Z"}
@@ -43,3 +45,22 @@ def test_the_scale_workload_splits_a_phases_cpu_between_driver_and_executors() -
     assert _cpu_share(samples, 0.0, None)["executor_cpu_share"] is None  # the phase never ended
     run = {"size": 10, "executor_cpu_share": {"stamp": 0.8, "deliver": None}}
     assert len(_panels({"scale": [{**run, "driver_rss_peak_mb": 900}]})) == 1
+
+
+def test_the_cpu_of_a_process_that_exited_is_kept() -> None:
+    busy = "import time\nend = time.process_time() + 0.3\nwhile time.process_time() < end: pass\n"
+    child = subprocess.Popen([sys.executable, "-c", busy + "time.sleep(60)"])
+    tracker = CpuTracker()
+    try:
+        for _ in range(100):  # until the child has spent its 0.3 s
+            tracker.look([child.pid])
+            if tracker.total() >= 0.25:
+                break
+            subprocess.run(["sleep", "0.1"], check=True)
+    finally:
+        child.kill()
+        child.wait()
+    spent = tracker.total()
+    assert spent >= 0.25
+    tracker.look([child.pid])  # gone: its figure stays
+    assert tracker.total() == spent

@@ -92,7 +92,7 @@ class Layout:
 
 def layout(cfg: EngineConfig) -> Layout:
     """The layout of the lakehouse ``cfg`` points at; an S3 lakehouse's settings are
-    registered for its files (:func:`engine.lakehouse.storage.store.register`).
+    registered for its files (:func:`engine.lakehouse.storage.location.register`).
 
     Example:
         >>> layout(EngineConfig(lakehouse="/lake")).schedule
