@@ -941,21 +941,23 @@ class Bench:
             reader.start()
             peak_rss = 0.0
             delivered = False
-            while process.poll() is None and time.monotonic() - started < timeout:
-                peak_rss = max(peak_rss, _tree_rss_mb(process.pid))
-                if watch is not None:
-                    watch(process.pid)
-                if _delivered_rows(log_dir, before) >= rows:
-                    delivered = True
-                    break
-                time.sleep(0.2)
-            process.send_signal(signal.SIGTERM)
             try:
-                exit_code = process.wait(timeout=120)
-            except subprocess.TimeoutExpired:
-                process.kill()
-                exit_code = process.wait()
-            reader.join(timeout=10)
+                while process.poll() is None and time.monotonic() - started < timeout:
+                    peak_rss = max(peak_rss, _tree_rss_mb(process.pid))
+                    if watch is not None:
+                        watch(process.pid)  # (may raise: the engine is stopped all the same)
+                    if _delivered_rows(log_dir, before) >= rows:
+                        delivered = True
+                        break
+                    time.sleep(0.2)
+            finally:
+                process.send_signal(signal.SIGTERM)
+                try:
+                    exit_code = process.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    exit_code = process.wait()
+                reader.join(timeout=10)
         if not delivered:
             self.say(f"  the engine did not deliver them; its output: {log_path}")
         commits = [
