@@ -325,10 +325,16 @@ def _rss_mb(pid: int) -> float:
     return 0.0
 
 
+def _stat(pid: int) -> tuple[float, int]:
+    """A process's own CPU seconds so far (user + system) and its start time (clock ticks
+    after boot), from ``/proc/<pid>/stat``."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"), int(fields[19])
+
+
 def _cpu_s(pid: int) -> float:
     """CPU seconds (user + system) a process has used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return _stat(pid)[0]
 
 
 def _tree_rss_mb(pid: int) -> float:
@@ -373,11 +379,10 @@ class CpuTracker:
         """Take the current figures of ``roots`` and their descendants."""
         for pid in (each for root in roots for each in _tree(root)):
             try:
-                fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+                own, started = _stat(pid)
             except OSError:  # gone meanwhile
                 continue
-            own = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-            self.seen[(pid, int(fields[19]))] = own  # (pid, start time): pids are reused
+            self.seen[(pid, started)] = own  # (pid, start time): pids are reused
 
     def total(self, only: Callable[[int], bool] = lambda pid: True) -> float:
         """The CPU seconds of every process seen (``only`` those whose pid it accepts)."""
