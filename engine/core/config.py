@@ -291,6 +291,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "delivery.progress_interval": ("progress_interval_ms", _duration),
     "delivery.topic_writers": ("topic_writers", _positive_int),
     "delivery.max_lead": ("max_lead_ms", _duration_or_off),
+    "delivery.idle_interval": ("idle_interval_ms", _duration_or_off),
     "delivery.mode": ("delivery_mode", _choice(*STAGE_MODES)),
     "delivery.driver_round_rows": ("deliver_driver_rows", _non_negative_int),
     "lease.timeout": ("lease_timeout_ms", _duration),
@@ -385,6 +386,10 @@ class EngineConfig:
         max_lead_ms: how far ahead of the clock the running engine may plan a round
             (``delivery.max_lead``, and 3/4 of ``poll_interval_ms``; 0 or ``off``: never):
             its topic files are written before the watermark, its commits wait for it.
+        idle_interval_ms: with ``streaming``, how long the delivery query may go without a
+            batch while the ``schedule`` files' statistics show nothing can fall due and no
+            new ``schedule`` or ``commands`` version exists (``delivery.idle_interval``; 0 or
+            ``off``: a batch every ``poll_interval_ms``).
         spark_master: Spark master for sessions the engine builds itself.
         app_name: Spark application name.
         jars_dir: folder holding the JVM jars passed as ``spark.jars``.
@@ -456,6 +461,7 @@ class EngineConfig:
     progress_interval_ms: int = 5_000
     topic_writers: int = 4
     max_lead_ms: int = 500
+    idle_interval_ms: int = 1000
     delivery_mode: str = "streaming"
     deliver_driver_rows: int = 200_000
     lease_timeout_ms: int = 15_000

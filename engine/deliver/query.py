@@ -24,10 +24,14 @@ Example:
 
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from datetime import datetime
+from typing import Any, ClassVar
 
 from pyspark.sql import DataFrame, SparkSession
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
@@ -37,9 +41,12 @@ from pyspark.sql.streaming.query import StreamingQuery
 from engine.core.clock import from_millis, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
+from engine.deliver.quiet import Quiet, holds, load_quiet, save_quiet
 from engine.lakehouse.catalog.session import QuietStreamReader, link_checkpoints
+from engine.lakehouse.delta.delta_log import commit_exists
 from engine.lakehouse.storage.fs import spark_offset
 from engine.lakehouse.storage.layout import Layout
+from engine.lakehouse.storage.location import arrive, carried
 from engine.stamp.query import query_failure
 
 QUERY_NAME = "delayq-deliver"
@@ -51,8 +58,14 @@ class ClockStream(DataSource):
     """The clock as a Spark streaming source: offsets are watermarks in milliseconds.
 
     Options: ``start`` (the first offset, ms), ``lead`` (how far ahead of the clock a batch is
-    planned, ms).
+    planned, ms); to hold the offset while nothing can fall due (:mod:`engine.deliver.quiet`):
+    ``quiet`` (the local file of the last round's record), ``idle`` (the longest hold, ms),
+    ``schedule`` and ``commands`` (the tables whose new versions end a hold).
     """
+
+    #: The S3 settings of the lakehouse (``S3Settings`` fields), set by :func:`clock_stream`
+    #: on a class made for one query.
+    s3: ClassVar[dict[str, Any] | None] = None
 
     @classmethod
     def name(cls) -> str:
@@ -62,22 +75,57 @@ class ClockStream(DataSource):
         return "watermark_ms long"
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
-        return ClockReader(int(self.options["start"]), int(self.options["lead"]))
+        return ClockReader(dict(self.options), self.s3)
+
+
+def clock_stream(schedule: str) -> type[ClockStream]:
+    """The source class for a lakehouse whose ``schedule`` is at ``schedule``, carrying its
+    S3 settings if any.
+
+    Example:
+        >>> clock_stream("/lake/schedule").name()
+        'delayq_clock'
+    """
+    settings = carried(schedule)
+    if settings is None:
+        return ClockStream
+    return type("ClockStreamS3", (ClockStream,), {"s3": settings})
 
 
 class ClockReader(QuietStreamReader):
     """Plans each batch's watermark from the clock (see :class:`ClockStream`); a batch holds
     one row, its watermark."""
 
-    def __init__(self, start_ms: int, lead_ms: int) -> None:
-        self.start_ms = start_ms
-        self.lead_ms = lead_ms
+    def __init__(self, options: dict[str, str], s3: dict[str, Any] | None = None) -> None:
+        self.start_ms = int(options["start"])
+        self.lead_ms = int(options["lead"])
+        self.quiet = options.get("quiet", "")
+        self.idle_ms = int(options.get("idle", "0"))
+        self.schedule = options.get("schedule", "")
+        self.commands = options.get("commands", "")
+        self.s3 = s3
+        self._arrived = False
 
     def initialOffset(self) -> dict[str, int]:
         return {"ms": self.start_ms}
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        return {"ms": max(int(start["ms"]), int(time.time() * 1000) + self.lead_ms)}
+        start_ms = int(start["ms"])
+        planned = max(start_ms, int(time.time() * 1000) + self.lead_ms)
+        if self.quiet:
+            quiet = load_quiet(self.quiet)
+            if holds(quiet, start_ms, planned, self.idle_ms, self._newer):
+                return {"ms": start_ms}  # (no batch: nothing can be due by then)
+        return {"ms": planned}
+
+    def _newer(self, quiet: Quiet) -> bool:
+        """Whether ``schedule`` or ``commands`` has a version after the record's."""
+        if not self._arrived:
+            arrive(self.schedule, self.s3)
+            self._arrived = True
+        return commit_exists(self.schedule, quiet.schedule + 1) or commit_exists(
+            self.commands, quiet.commands + 1
+        )
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return [InputPartition(int(end["ms"]))]
@@ -113,7 +161,8 @@ class DeliverQuery:
         cfg: the poll interval and the lead.
         layout: the lakehouse (the query's checkpoint).
         deliver: runs one round capped at the watermark it is given (the engine's, which
-            also names new tables and tells listeners).
+            also names new tables and tells listeners), and returns what the round found
+            (:meth:`~engine.deliver.round.Delivery.quiet`; ``None``: no hold).
         start_at: the watermark the query starts from the first time (the committed
             progress); later starts go on from Spark's checkpoint.
     """
@@ -123,25 +172,33 @@ class DeliverQuery:
         spark: SparkSession,
         cfg: EngineConfig,
         layout: Layout,
-        deliver: Callable[[datetime], object],
+        deliver: Callable[[datetime], Quiet | None],
         start_at: Callable[[], datetime],
     ) -> None:
         self.spark = spark
         self.cfg = cfg
+        self.layout = layout
         self.checkpoint = layout.checkpoint(CHECKPOINT)
         self.deliver = deliver
         self.start_at = start_at
         self.query: StreamingQuery | None = None
         self.error: BaseException | None = None  # what the last failed batch raised
         self._lock = threading.Lock()
+        self._folder = ""  # a local folder of this run's quiet record
+        self._quiet = ""  # that record's file (empty: no holds)
 
     def _run(self, frame: DataFrame, batch_id: int) -> None:
-        """``foreachBatch``: one delivery round capped at the batch's watermark."""
+        """``foreachBatch``: one delivery round capped at the batch's watermark, then the
+        record the clock source holds the next offset by."""
+        if self._quiet:
+            save_quiet(self._quiet, None)  # (a round that fails leaves none)
         try:
-            self.deliver(batch_watermark(self.checkpoint, batch_id))
+            quiet = self.deliver(batch_watermark(self.checkpoint, batch_id))
         except BaseException as err:
             self.error = err
             raise
+        if self._quiet and quiet is not None:
+            save_quiet(self._quiet, quiet)
 
     def start(self) -> StreamingQuery:
         """Start the query in the background, a trigger every ``delivery.poll_interval``.
@@ -156,11 +213,19 @@ class DeliverQuery:
                 raise RuntimeError(f"{QUERY_NAME} is running")
             self.error = None
             link_checkpoints(self.spark)
-            self.spark.dataSource.register(ClockStream)
+            self.spark.dataSource.register(clock_stream(self.layout.schedule))
+            self._quiet = ""
+            if self.cfg.idle_interval_ms > 0:
+                self._folder = tempfile.mkdtemp(prefix="delayq-clock-")
+                self._quiet = os.path.join(self._folder, "quiet.json")
             frame = (
                 self.spark.readStream.format(SOURCE_FORMAT)
                 .option("start", str(to_millis(self.start_at())))
                 .option("lead", str(max(0, lead)))
+                .option("quiet", self._quiet)
+                .option("idle", str(self.cfg.idle_interval_ms))
+                .option("schedule", self.layout.schedule)
+                .option("commands", self.layout.commands)
                 .load()
             )
             self.query = (
@@ -182,3 +247,6 @@ class DeliverQuery:
         with self._lock:
             if self.query is not None:
                 self.query.stop()
+            if self._folder:
+                shutil.rmtree(self._folder, ignore_errors=True)
+                self._folder = ""

@@ -50,14 +50,14 @@ from collections.abc import Callable, Mapping
 from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
 import pyarrow.dataset as ds
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
 
-from engine.core.clock import Clock, from_micros, from_millis, to_micros
+from engine.core.clock import Clock, from_micros, from_millis, to_micros, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import RetryableError
 from engine.deliver.ahead import SOONEST_S, Ahead, ahead_round, job_group, mass_due
@@ -95,6 +95,7 @@ from engine.deliver.due import (
     topic_tables,
 )
 from engine.deliver.lateness import Lateness
+from engine.deliver.quiet import Quiet, next_due_us
 from engine.deliver.sinks import DeltaTopicSink, SinkFactory, Sinks, SinkSet
 from engine.deliver.tasks import (
     RoundJob,
@@ -123,6 +124,8 @@ _NO_ROWS = pa.table({"deliver_ts": pa.array([], TS)})
 _TOPIC_ARROW = to_arrow_schema(TOPIC, timezone="UTC")
 #: A stamping batch above any (a window of every row due in it, whenever stamped).
 _NO_BATCH = 2**62
+#: Later than any row's time (no row left to fall due).
+_NEVER = datetime.max.replace(tzinfo=UTC)
 #: A round written ahead whose instant is this long gone is dropped (its rows would say they
 #: were delivered at the instant).
 AHEAD_STALE_S = 1.0
@@ -230,6 +233,10 @@ class Delivery:
         self._any_removed = True  # until open() looks
         self._opened = False
         self._ahead: Ahead | None = None  # a round written ahead (engine.deliver.ahead)
+        # the plan of the last round that ended well: every row of its schedule version due
+        # by its watermark is delivered (see quiet())
+        self._settled: Plan | None = None
+        self._quiet_until: datetime | None = None  # no row due before it (see lead_ms)
         self._ahead_pool: ThreadPoolExecutor | None = None
 
     def open(self) -> Delivery:
@@ -297,6 +304,7 @@ class Delivery:
         """
         if not self._opened:
             self.open()  # never a round from the placeholder progress
+        self._settled = None
         try:
             result = self._run_round(lead_ms, until)
         except BaseException:
@@ -305,6 +313,7 @@ class Delivery:
             self.progress, self.pending = read_checkpoint(self.spark, self.layout)
             self._open_commands = True
             self._last_watermark = from_millis(0)  # its rows may not have been delivered
+            self._quiet_until = None
             raise
         if result.committed:
             try:
@@ -656,6 +665,7 @@ class Delivery:
                 self.cfg.checkpoint_flush_ms
             )
             if high_batch == prev.stamp_batch and not flush_due:
+                self._settled = plan
                 return self._result(prev.round, plan, {}, False, False, started, found)
         self.fence()  # raises once another engine has taken the lakehouse over
         if not replayed:
@@ -683,6 +693,7 @@ class Delivery:
             lateness = Lateness.of(found.deliver["deliver_ts"], delivered_ts)
         self._time("topics")
         self._commit(prev, plan, summary, high_batch, resolution)
+        self._settled = plan
         self._time("commit")
         return self._result(
             plan.round, plan, per_topic, True, replayed, started, found, lateness, resolution,
@@ -838,6 +849,31 @@ class Delivery:
             list(pool.map(commit, todo))
         return {t: written.counts[t] for t in tables}
 
+    def quiet(self, batch_end: datetime) -> Quiet | None:
+        """What the last round found, for the delivery query's clock source to hold its
+        watermark while nothing can fall due (:mod:`engine.deliver.quiet`): ``None`` when the
+        round failed, left a plan to replay, or left commands waiting.
+
+        Args:
+            batch_end: the watermark of the query's batch that ran the round.
+
+        Example:
+            >>> delivery.quiet(until).due_us  # doctest: +SKIP
+            1795000000000000
+        """
+        plan = self._settled
+        if plan is None or self.pending is not None or self._open_commands:
+            self._quiet_until = None
+            return None
+        due = next_due_us(self._schedule.files(plan.schedule_version), to_micros(plan.watermark))
+        self._quiet_until = _NEVER if due is None else from_micros(due)
+        return Quiet(
+            batch_end_ms=to_millis(batch_end),
+            due_us=due,
+            schedule=plan.schedule_version,
+            commands=plan.commands_version,
+        )
+
     def lead_ms(self) -> int:
         """How far ahead of the clock the next round may be planned: 1.25 times the median
         time the last rounds that wrote took to have their topic files written, at most
@@ -856,6 +892,8 @@ class Delivery:
             return 0
         cap = min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4)
         last = max((self.pending or self.progress).watermark, self._last_watermark)
+        if self._quiet_until is not None:  # (a held watermark: nothing was due before it)
+            last = max(last, min(self._quiet_until, self.clock.now()))
         if self.clock.now() - last > timedelta(milliseconds=self.cfg.poll_interval_ms + cap):
             return 0
         return min(cap, round(1250 * statistics.median(self._preps)))

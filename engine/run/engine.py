@@ -49,6 +49,7 @@ from engine.core.errors import (
 )
 from engine.deliver.lateness import Lateness
 from engine.deliver.query import DeliverQuery
+from engine.deliver.quiet import Quiet
 from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
@@ -286,11 +287,14 @@ class Engine:
         """The watermark delivery has reached (a pending round's, if one waits)."""
         return (self.delivery.pending or self.delivery.progress).watermark
 
-    def _deliver_until(self, until: datetime) -> None:
-        """One round of the delivery query's batch, capped at its watermark."""
+    def _deliver_until(self, until: datetime) -> Quiet | None:
+        """One round of the delivery query's batch, capped at its watermark; what it found
+        (the query holds its watermark while nothing can be due)."""
         with self._round:
-            if not self._stopping.is_set():
-                self._deliver(ahead=True, until=until)
+            if self._stopping.is_set():
+                return None
+            self._deliver(ahead=True, until=until)
+            return self.delivery.quiet(until)
 
     def _deliver(self, ahead: bool = False, until: datetime | None = None) -> RoundResult:
         result = self.delivery.run_round(self.delivery.lead_ms() if ahead else 0, until=until)

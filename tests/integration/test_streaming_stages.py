@@ -14,10 +14,12 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 
 from engine.control.commands import cancel
-from engine.core.clock import FakeClock, SystemClock
+from engine.core.clock import FakeClock, SystemClock, to_micros, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError, FencedError
 from engine.deliver.checkpoint import read_checkpoint
+from engine.deliver.query import ClockReader
+from engine.deliver.quiet import holds, load_quiet, save_quiet
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import DeltaTopicSink
 from engine.lakehouse.catalog.session import (
@@ -437,6 +439,90 @@ def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_h
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
     active = [q.name for q in spark.streams.active]
     assert QUERY_NAME not in active and DELIVER_QUERY not in active
+
+
+def _batches(engine: Engine) -> int:
+    """Batches the delivery query has planned (entries of its offsets log)."""
+    offsets = Path(engine.deliver_query.checkpoint.removeprefix("file:")) / "offsets"
+    return sum(1 for p in offsets.iterdir() if p.name.isdigit())
+
+
+def test_an_idle_delivery_query_holds_its_watermark_and_a_message_sent_meanwhile_is_on_time(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    """Nothing can fall due: the query runs no batch for up to ``delivery.idle_interval``
+    (5 s here). Messages stamped while it holds end the hold (a new ``schedule`` version) and
+    are delivered once, never early, and well within the interval of their time (a hold that
+    missed them keeps them 2.8-4 s late)."""
+    cfg: EngineConfig = make_cfg(
+        stamp_mode="streaming", delivery_mode="streaming", idle_interval_ms=5_000
+    )
+    engine = Engine(spark, cfg, SystemClock(), out=lambda _line: None)
+    try:
+        engine.start()
+        engine.wait_until_warm(timeout_s=120)
+        time.sleep(0.5)  # (the first batches: no record yet, no hold)
+        before = _batches(engine)
+        time.sleep(2.5)  # 12 triggers of 200 ms
+        assert _batches(engine) - before <= 1
+        now = datetime.now(UTC)
+        ids = send_many(
+            spark,
+            cfg,
+            [Message("t", f"a{i}", deliver_at=now + timedelta(seconds=2)) for i in range(5)]
+            + [Message("t", f"l{i}", delay_level=1) for i in range(5)],
+        )
+        deadline = time.monotonic() + 60
+        while len(delivered_rows(spark, cfg)) < len(ids) and time.monotonic() < deadline:
+            engine.check_queries()
+            time.sleep(0.3)
+    finally:
+        engine.stop()
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, ids, cfg)
+    late = [r["delivered_ts"] - r["deliver_ts"] for r in rows]  # type: ignore[operator]
+    assert max(late) < timedelta(seconds=2), late
+
+
+def test_a_hold_ends_with_a_new_schedule_or_commands_version_or_when_a_row_falls_due(
+    spark: SparkSession, make_cfg: Any, tmp_path: Path
+) -> None:
+    """The record a round leaves, read as the clock source reads it: it holds while the
+    planned watermark is before the next row's time and no table has moved; a stamped
+    message (a ``schedule`` version) or a cancel (a ``commands`` version) ends it."""
+    cfg: EngineConfig = make_cfg()
+    t0 = datetime(2026, 1, 1, 12, 0, tzinfo=UTC)
+    clock = FakeClock(t0)
+    engine = Engine(spark, cfg, clock, out=lambda _line: None)
+    later = send_many(spark, cfg, [Message("t", f"a{i}", delay_level=3) for i in range(3)], clock)
+    engine.step()
+    quiet = engine.delivery.quiet(t0)
+    assert quiet is not None and quiet.due_us == to_micros(t0 + timedelta(seconds=3))
+    lay = layout(cfg)
+    record = str(tmp_path / "quiet.json")
+    save_quiet(record, quiet)
+    start = to_millis(t0)
+    reader = ClockReader(
+        {"start": str(start), "lead": "0", "quiet": record, "idle": "10000",
+         "schedule": lay.schedule, "commands": lay.commands}
+    )  # fmt: skip
+
+    def held(planned_ms: int) -> bool:
+        return holds(load_quiet(record), start, planned_ms, reader.idle_ms, reader._newer)
+
+    assert held(start + 2_999)
+    assert not held(start + 3_000)  # (the rows fall due)
+    send_many(spark, cfg, [Message("t", "b", delay_level=1)], clock)
+    assert held(start + 2_999)  # (in commitlog only: not due before it is stamped)
+    engine.stamp_available()
+    assert not held(start + 500)
+    engine.step()
+    quiet = engine.delivery.quiet(t0)
+    assert quiet is not None and quiet.due_us == to_micros(t0 + timedelta(seconds=1))
+    save_quiet(record, quiet)
+    assert held(start + 999)
+    assert cancel(spark, cfg, later[0], wait=0, clock=clock).status == "pending"
+    assert not held(start + 500)
 
 
 def test_a_delivery_batch_replayed_below_the_progress_never_takes_the_window_back(
