@@ -58,7 +58,7 @@ from engine.lakehouse.delta.delta_log import check_tables_keep_txn
 from engine.lakehouse.delta.tables import ensure_tables
 from engine.lakehouse.state.lease import Heartbeat, Lease
 from engine.lakehouse.storage.layout import layout
-from engine.run.failures import is_transient
+from engine.run.failures import retry_or_stop
 from engine.stamp.query import StampQuery
 from engine.stamp.stamper import Stamper
 
@@ -347,8 +347,7 @@ class Engine:
                 except Exception as err:  # storage failures: the plan makes a retry safe
                     if self._stopping.is_set():
                         return  # interrupted by stop(): the plan is run again at restart
-                    if not is_transient(err):
-                        raise  # a bug: the same every time, so stop now (reported as one)
+                    retry_or_stop(err)  # (a mistake or a bug is the same every time: it stops)
                     failing = self._stamping_failed(err, failing)
                 self._stopping.wait(interval)
         except BaseException as err:  # terminal: run() (check_queries) reports it
@@ -408,8 +407,7 @@ class Engine:
                     if self._stopping.is_set():
                         return
                     err = caught
-                if not is_transient(err):
-                    raise err  # a mistake to fix, or a bug: the same every time
+                retry_or_stop(err)  # (a mistake or a bug is the same every time: it stops)
                 failed(err)
         except BaseException as err:  # terminal: run() (check_queries) reports it
             log.error("the %s stage stopped: %s", threading.current_thread().name, err,
@@ -467,8 +465,7 @@ class Engine:
         except Exception as err:  # Spark/storage failures: the plan makes a retry safe
             if self._stopping.is_set():
                 return  # interrupted by stop(): the plan (if any) is replayed at restart
-            if not is_transient(err):
-                raise  # a bug: the same every time, so stop now (reported as one)
+            retry_or_stop(err)  # (a mistake or a bug is the same every time: it stops)
             self._retry_later(err)
 
     def _retry_later(self, err: BaseException) -> None:

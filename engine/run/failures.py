@@ -23,7 +23,10 @@ Example:
 
 from __future__ import annotations
 
-from engine.core.errors import DelayQError, RetryableError
+import re
+import sys
+
+from engine.core.errors import DelayQError, RetryableError, SetupError
 
 #: Classes (by name, to spare importing their libraries) whose failures can pass.
 TRANSIENT = frozenset(
@@ -93,4 +96,53 @@ def is_transient(err: BaseException) -> bool:
     return False
 
 
-__all__ = ["BUGS", "TRANSIENT", "is_transient"]
+#: A process Spark could not start (an executor's Python worker): ``(program, reason)``.
+_CANNOT_RUN = re.compile(r'Cannot run program "([^"]*)"(?:[^:\n]*): ([^\n]*)')
+
+
+def setup_mistake(err: BaseException) -> SetupError | None:
+    """The set-up mistake a failure shows, as a one-line error to stop at (``None``: none
+    known). Spark reports an executor that cannot start Python as a failed task, which
+    would be retried like a lost executor, every 12 s for as long as the retries last; it
+    fails the same way until the setting is fixed.
+
+    Example:
+        >>> err = RuntimeError('IOException: Cannot run program ".venv/bin/python": '
+        ...                    'error=2, No such file or directory')
+        >>> print(setup_mistake(err))  # doctest: +ELLIPSIS
+        Spark could not start '.venv/bin/python' for a task (error=2, No such file or ...
+    """
+    seen: BaseException | None = err
+    while seen is not None:
+        found = _CANNOT_RUN.search(str(seen))
+        if found:
+            mistake = SetupError(
+                f"Spark could not start {found[1]!r} for a task ({found[2].strip()}): "
+                "PYSPARK_PYTHON (or spark.pyspark.python) must name a Python that exists on "
+                f"every worker, by an absolute path (this driver's: {sys.executable})"
+            )
+            return mistake
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def retry_or_stop(err: BaseException) -> None:
+    """Return when a stage that failed with ``err`` should try again (it can pass); else
+    raise what it stops with: a set-up mistake as :class:`~engine.core.errors.SetupError`
+    (:func:`setup_mistake`), or ``err`` itself (a mistake to fix, or a bug).
+
+    Example:
+        >>> retry_or_stop(TimeoutError("read timed out"))
+        >>> retry_or_stop(KeyError("round"))
+        Traceback (most recent call last):
+        ...
+        KeyError: 'round'
+    """
+    mistake = setup_mistake(err)
+    if mistake is not None:
+        raise mistake from err
+    if not is_transient(err):
+        raise err
+
+
+__all__ = ["BUGS", "TRANSIENT", "is_transient", "retry_or_stop", "setup_mistake"]

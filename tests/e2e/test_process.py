@@ -100,6 +100,32 @@ def test_a_bug_shows_one_line_naming_the_log_file_with_the_traceback(
     assert "JVM stack trace:" in trace and "java.lang.Integer.parseInt(" in trace
 
 
+def test_executors_that_cannot_start_python_stop_the_engine_at_once_naming_the_setting(
+    spark: SparkSession, make_cfg: Any, tmp_path: Path
+) -> None:
+    """``PYSPARK_PYTHON`` names no program (a relative path a cluster's workers do not
+    have): Spark fails the stamping batch's tasks. Retried as a lost executor, that went on
+    every 12 s for minutes; it is a set-up mistake, reported in one line (exit 2)."""
+    cfg = make_cfg()
+    send_many(spark, cfg, [Message("t", "m", delay_level=1)])
+    log = tmp_path / "run.log"
+    args = engine_args(cfg, "--set", "stamp.driver_batch_bytes=0", queries=True)
+    job = [str(VENV_BIN / "spark-submit"), "--properties-file", str(PROPS)]
+    proc = start([*job, "jobs/delay_engine.py", *args], log, {"PYSPARK_PYTHON": "/no/python"})
+    try:
+        code = proc.wait(180)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    output = log.read_text()
+    assert code == 2, output[-3000:]
+    said = [line for line in output.splitlines() if "could not start" in line]
+    assert said and said[-1].startswith(
+        "delay_engine: error: Spark could not start '/no/python'"
+    ), said
+    assert "retrying" not in output, output[-3000:]
+
+
 def test_engine_producers_and_a_consumer_started_at_once_on_a_new_lakehouse(
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
