@@ -236,7 +236,8 @@ class Delivery:
         # the plan of the last round that ended well: every row of its schedule version due
         # by its watermark is delivered (see quiet())
         self._settled: Plan | None = None
-        self._quiet_until: datetime | None = None  # no row due before it (see lead_ms)
+        # (schedule version, commands version, no row due before this): what quiet() found
+        self._known_due: tuple[int, int, datetime] | None = None
         self._ahead_pool: ThreadPoolExecutor | None = None
 
     def open(self) -> Delivery:
@@ -313,7 +314,7 @@ class Delivery:
             self.progress, self.pending = read_checkpoint(self.spark, self.layout)
             self._open_commands = True
             self._last_watermark = from_millis(0)  # its rows may not have been delivered
-            self._quiet_until = None
+            self._known_due = None
             raise
         if result.committed:
             try:
@@ -345,6 +346,7 @@ class Delivery:
         if lead_ms > 0 and not self.pending and not self._commands_to_decide(prev, plan):
             # (commands are decided against the watermark: a round with some is not ahead)
             plan = replace(plan, watermark=now + timedelta(milliseconds=lead_ms))
+            plan = self._at_next_due(plan, now, until)
         if until is not None and not self.pending and plan.watermark > until:
             # (a window never goes back: its rows would be delivered again)
             plan = replace(plan, watermark=max(until, prev.watermark))
@@ -849,6 +851,21 @@ class Delivery:
             list(pool.map(commit, todo))
         return {t: written.counts[t] for t in tables}
 
+    def _at_next_due(self, plan: Plan, now: datetime, until: datetime | None) -> Plan:
+        """A plan ahead of the clock, at the next row's time when the last round found it
+        just beyond the plan's watermark, within the lead's cap (and the batch's watermark),
+        and nothing changed since (the same ``schedule`` and ``commands`` versions): its rows
+        are then shown at their time, not up to a poll interval later when the next round
+        would take them. Nothing is overdue then, so no row waits longer for the commit."""
+        known = self._known_due
+        if known is None or (plan.schedule_version, plan.commands_version) != known[:2]:
+            return plan
+        due = known[2]
+        cap = timedelta(milliseconds=min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4))
+        if plan.watermark < due <= now + cap and (until is None or due <= until):
+            return replace(plan, watermark=due)
+        return plan
+
     def quiet(self, batch_end: datetime) -> Quiet | None:
         """What the last round found, for the delivery query's clock source to hold its
         watermark while nothing can fall due (:mod:`engine.deliver.quiet`): ``None`` when the
@@ -863,10 +880,11 @@ class Delivery:
         """
         plan = self._settled
         if plan is None or self.pending is not None or self._open_commands:
-            self._quiet_until = None
+            self._known_due = None
             return None
         due = next_due_us(self._schedule.files(plan.schedule_version), to_micros(plan.watermark))
-        self._quiet_until = _NEVER if due is None else from_micros(due)
+        soonest = _NEVER if due is None else from_micros(due)
+        self._known_due = (plan.schedule_version, plan.commands_version, soonest)
         return Quiet(
             batch_end_ms=to_millis(batch_end),
             due_us=due,
@@ -892,8 +910,8 @@ class Delivery:
             return 0
         cap = min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4)
         last = max((self.pending or self.progress).watermark, self._last_watermark)
-        if self._quiet_until is not None:  # (a held watermark: nothing was due before it)
-            last = max(last, min(self._quiet_until, self.clock.now()))
+        if self._known_due is not None:  # (a held watermark: nothing was due before it)
+            last = max(last, min(self._known_due[2], self.clock.now()))
         if self.clock.now() - last > timedelta(milliseconds=self.cfg.poll_interval_ms + cap):
             return 0
         return min(cap, round(1250 * statistics.median(self._preps)))
