@@ -24,6 +24,8 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shutil
 import tempfile
@@ -48,6 +50,8 @@ from engine.lakehouse.storage.fs import spark_offset
 from engine.lakehouse.storage.layout import Layout
 from engine.lakehouse.storage.location import arrive, carried
 from engine.stamp.query import query_failure
+
+log = logging.getLogger(__name__)
 
 QUERY_NAME = "delayq-deliver"
 SOURCE_FORMAT = "delayq_clock"
@@ -119,13 +123,18 @@ class ClockReader(QuietStreamReader):
         return {"ms": planned}
 
     def _newer(self, quiet: Quiet) -> bool:
-        """Whether ``schedule`` or ``commands`` has a version after the record's."""
-        if not self._arrived:
-            arrive(self.schedule, self.s3)
-            self._arrived = True
-        return commit_exists(self.schedule, quiet.schedule + 1) or commit_exists(
-            self.commands, quiet.commands + 1
-        )
+        """Whether ``schedule`` or ``commands`` has a version after the record's (or it cannot
+        tell: a hold is an optimisation, and never worth a failed query)."""
+        try:
+            if not self._arrived:
+                arrive(self.schedule, self.s3)
+                self._arrived = True
+            return commit_exists(self.schedule, quiet.schedule + 1) or commit_exists(
+                self.commands, quiet.commands + 1
+            )
+        except Exception:
+            log.warning("could not look for new versions; no hold", exc_info=True)
+            return True
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return [InputPartition(int(end["ms"]))]
@@ -190,15 +199,25 @@ class DeliverQuery:
     def _run(self, frame: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: one delivery round capped at the batch's watermark, then the
         record the clock source holds the next offset by."""
-        if self._quiet:
-            save_quiet(self._quiet, None)  # (a round that fails leaves none)
+        self._record(None)  # (a round that fails leaves none)
         try:
             quiet = self.deliver(batch_watermark(self.checkpoint, batch_id))
         except BaseException as err:
             self.error = err
             raise
-        if self._quiet and quiet is not None:
+        self._record(quiet)
+
+    def _record(self, quiet: Quiet | None) -> None:
+        """Leave ``quiet`` for the clock source (best effort: without a record it holds
+        nothing, which is always safe)."""
+        if not self._quiet:
+            return
+        try:
             save_quiet(self._quiet, quiet)
+        except OSError:
+            log.warning("could not write %s; no hold", self._quiet, exc_info=True)
+            with contextlib.suppress(OSError):
+                save_quiet(self._quiet, None)
 
     def start(self) -> StreamingQuery:
         """Start the query in the background, a trigger every ``delivery.poll_interval``.
@@ -214,7 +233,9 @@ class DeliverQuery:
             self.error = None
             link_checkpoints(self.spark)
             self.spark.dataSource.register(clock_stream(self.layout.schedule))
-            self._quiet = ""
+            if self._folder:  # (a restart after a failure: the last run's record goes)
+                shutil.rmtree(self._folder, ignore_errors=True)
+            self._folder = self._quiet = ""
             if self.cfg.idle_interval_ms > 0:
                 self._folder = tempfile.mkdtemp(prefix="delayq-clock-")
                 self._quiet = os.path.join(self._folder, "quiet.json")

@@ -77,8 +77,9 @@ def next_due_us(files: Iterable[DataFile], watermark_us: int) -> int | None:
         low, high = f.min(DELIVER_TS), f.max(DELIVER_TS)
         if high is not None and high <= watermark_us:
             continue  # every row delivered (or cancelled) already
-        due = watermark_us + 1 if low is None or low <= watermark_us else low
-        soonest = due if soonest is None else min(soonest, due)
+        if low is None or low <= watermark_us:
+            return watermark_us + 1  # (none can be sooner)
+        soonest = low if soonest is None else min(soonest, low)
     return soonest
 
 

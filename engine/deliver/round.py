@@ -910,8 +910,10 @@ class Delivery:
             return 0
         cap = min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4)
         last = max((self.pending or self.progress).watermark, self._last_watermark)
-        if self._known_due is not None:  # (a held watermark: nothing was due before it)
-            last = max(last, min(self._known_due[2], self.clock.now()))
+        known = self._known_due
+        if known is not None and known[:2] == (self._schedule.latest(), self._commands.latest()):
+            # (a held watermark: nothing was due before the next row's time, nor is since)
+            last = max(last, min(known[2], self.clock.now()))
         if self.clock.now() - last > timedelta(milliseconds=self.cfg.poll_interval_ms + cap):
             return 0
         return min(cap, round(1250 * statistics.median(self._preps)))

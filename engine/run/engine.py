@@ -294,7 +294,11 @@ class Engine:
             if self._stopping.is_set():
                 return None
             self._deliver(ahead=True, until=until)
-            return self.delivery.quiet(until)
+            try:
+                return self.delivery.quiet(until)
+            except Exception:  # (an optimisation: without a record, the next trigger runs)
+                log.warning("could not tell when the next row falls due", exc_info=True)
+                return None
 
     def _deliver(self, ahead: bool = False, until: datetime | None = None) -> RoundResult:
         result = self.delivery.run_round(self.delivery.lead_ms() if ahead else 0, until=until)

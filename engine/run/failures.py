@@ -97,7 +97,9 @@ def is_transient(err: BaseException) -> bool:
 
 
 #: A process Spark could not start (an executor's Python worker): ``(program, reason)``.
-_CANNOT_RUN = re.compile(r'Cannot run program "([^"]*)"(?:[^:\n]*): ([^\n]*)')
+#: Only a missing program or one not allowed to run (``error=2``, ``error=13``): a failed
+#: fork for want of memory or processes (``error=12``, ``error=11``) can pass.
+_CANNOT_RUN = re.compile(r'Cannot run program "([^"]*)"(?:[^:\n]*): (error=(?:2|13),[^\n]*)')
 
 
 def setup_mistake(err: BaseException) -> SetupError | None:
@@ -113,8 +115,14 @@ def setup_mistake(err: BaseException) -> SetupError | None:
         Spark could not start '.venv/bin/python' for a task (error=2, No such file or ...
     """
     seen: BaseException | None = err
-    while seen is not None:
-        found = _CANNOT_RUN.search(str(seen))
+    walked: set[int] = set()
+    while seen is not None and id(seen) not in walked:
+        walked.add(id(seen))
+        try:
+            text = str(seen)  # (a Py4J error asks the JVM, which may be gone)
+        except Exception:
+            text = ""
+        found = _CANNOT_RUN.search(text)
         if found:
             mistake = SetupError(
                 f"Spark could not start {found[1]!r} for a task ({found[2].strip()}): "

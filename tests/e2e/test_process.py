@@ -104,8 +104,9 @@ def test_executors_that_cannot_start_python_stop_the_engine_at_once_naming_the_s
     spark: SparkSession, make_cfg: Any, tmp_path: Path
 ) -> None:
     """``PYSPARK_PYTHON`` names no program (a relative path a cluster's workers do not
-    have): Spark fails the stamping batch's tasks. Retried as a lost executor, that went on
-    every 12 s for minutes; it is a set-up mistake, reported in one line (exit 2)."""
+    have): Spark fails the first tasks that need Python (a batch's, or a Python source's
+    read). Retried as a lost executor, that went on every 12 s for minutes; it is a set-up
+    mistake, reported in one line (exit 2)."""
     cfg = make_cfg()
     send_many(spark, cfg, [Message("t", "m", delay_level=1)])
     log = tmp_path / "run.log"

@@ -75,3 +75,8 @@ def test_an_executor_that_cannot_start_python_is_a_set_up_mistake_named_at_once(
         retry_or_stop(err)
     assert raised.value.__cause__ is err
     retry_or_stop(TimeoutError("read timed out"))  # (tried again)
+    no_memory = SparkRuntimeException(
+        spark_text.replace("error=2, No such file or directory", "error=12, Cannot allocate memory")
+    )
+    assert setup_mistake(no_memory) is None  # (a fork that failed for want of memory can pass)
+    retry_or_stop(no_memory)
