@@ -43,7 +43,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from engine.core.clock import from_millis, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
-from engine.deliver.quiet import Quiet, holds, load_quiet, save_quiet
+from engine.deliver.quiet import Quiet, load_quiet, next_offset, save_quiet
 from engine.lakehouse.catalog.session import QuietStreamReader, link_checkpoints
 from engine.lakehouse.delta.delta_log import commit_exists
 from engine.lakehouse.storage.fs import spark_offset
@@ -64,6 +64,7 @@ class ClockStream(DataSource):
     Options: ``start`` (the first offset, ms), ``lead`` (how far ahead of the clock a batch is
     planned, ms); to hold the offset while nothing can fall due (:mod:`engine.deliver.quiet`):
     ``quiet`` (the local file of the last round's record), ``idle`` (the longest hold, ms),
+    ``poll`` (the trigger interval, ms),
     ``schedule`` and ``commands`` (the tables whose new versions end a hold).
     """
 
@@ -105,6 +106,7 @@ class ClockReader(QuietStreamReader):
         self.lead_ms = int(options["lead"])
         self.quiet = options.get("quiet", "")
         self.idle_ms = int(options.get("idle", "0"))
+        self.poll_ms = int(options.get("poll", "0"))
         self.schedule = options.get("schedule", "")
         self.commands = options.get("commands", "")
         self.s3 = s3
@@ -116,10 +118,9 @@ class ClockReader(QuietStreamReader):
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         start_ms = int(start["ms"])
         planned = max(start_ms, int(time.time() * 1000) + self.lead_ms)
-        if self.quiet:
+        if self.quiet:  # (holds while nothing can be due: the same offset, no batch)
             quiet = load_quiet(self.quiet)
-            if holds(quiet, start_ms, planned, self.idle_ms, self._newer):
-                return {"ms": start_ms}  # (no batch: nothing can be due by then)
+            planned = next_offset(quiet, start_ms, planned, self.idle_ms, self.poll_ms, self._newer)
         return {"ms": planned}
 
     def _newer(self, quiet: Quiet) -> bool:
@@ -245,6 +246,7 @@ class DeliverQuery:
                 .option("lead", str(max(0, lead)))
                 .option("quiet", self._quiet)
                 .option("idle", str(self.cfg.idle_interval_ms))
+                .option("poll", str(self.cfg.poll_interval_ms))
                 .option("schedule", self.layout.schedule)
                 .option("commands", self.layout.commands)
                 .load()

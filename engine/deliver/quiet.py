@@ -7,8 +7,10 @@ driver spends while no message is due. After each round the engine records what 
 and the earliest time a row of that ``schedule`` version may still fall due, from the files'
 ``deliver_ts`` statistics (:func:`next_due_us`). The clock source
 (:class:`~engine.deliver.query.ClockReader`) then keeps the last batch's offset, so Spark runs
-no batch, while :func:`holds` says so: the planned watermark has not reached that time, no
-later version of either table exists, and the hold is younger than ``delivery.idle_interval``.
+no batch, while :func:`next_offset` says so: the planned watermark has not reached that time,
+no later version of either table exists, and the hold is younger than
+``delivery.idle_interval``. When that time comes before the next trigger, the batch is planned
+at it, and its round shows the rows at their time.
 
 A hold only ever postpones a batch, so it cannot make a delivery early. It cannot make one
 late either, as long as the record is right: a row reaches ``schedule`` only through a new
@@ -19,8 +21,9 @@ left to replay, commands waiting for their messages) means no hold.
 
 Example:
     >>> quiet = Quiet(batch_end_ms=1_000, due_us=5_000_000, schedule=7, commands=2)
-    >>> holds(quiet, start_ms=1_000, planned_ms=1_150, idle_ms=1_000, newer=lambda q: False)
-    True
+    >>> next_offset(quiet, 1_000, planned_ms=1_150, idle_ms=1_000, poll_ms=200,
+    ...             newer=lambda q: False)
+    1000
 """
 
 from __future__ import annotations
@@ -83,35 +86,49 @@ def next_due_us(files: Iterable[DataFile], watermark_us: int) -> int | None:
     return soonest
 
 
-def holds(
+def next_offset(
     quiet: Quiet | None,
     start_ms: int,
     planned_ms: int,
     idle_ms: int,
+    poll_ms: int,
     newer: Callable[[Quiet], bool],
-) -> bool:
-    """Whether the clock source may keep the offset ``start_ms`` instead of ``planned_ms``.
+) -> int:
+    """The clock source's next offset: ``start_ms`` to hold it (no batch), else the next
+    batch's watermark.
+
+    That is ``planned_ms``, except when the next row falls due after it but before the
+    next trigger would plan: then the row's time, so that this batch takes the row at its
+    time (its round waits for it before its commits) instead of the next one, up to a poll
+    interval late.
 
     Args:
         quiet: the last round's record (``None``: none, no hold).
         start_ms: the last batch's watermark, the offset kept.
-        planned_ms: the watermark the next batch would take.
+        planned_ms: the watermark the next batch would take (the clock plus the lead).
         idle_ms: the longest hold (``delivery.idle_interval``; 0: never hold).
+        poll_ms: the time to the next trigger (``delivery.poll_interval``).
         newer: whether a later version of ``schedule`` or ``commands`` than the record's
             exists (asked last: it looks at storage).
 
     Example:
-        >>> quiet = Quiet(batch_end_ms=1_000, due_us=1_100_000, schedule=7, commands=-1)
-        >>> holds(quiet, 1_000, 1_150, 1_000, newer=lambda q: False)  # 1.1 s is planned
-        False
+        >>> quiet = Quiet(batch_end_ms=1_000, due_us=5_000_000, schedule=7, commands=-1)
+        >>> next_offset(quiet, 1_000, 1_150, 1_000, 200, newer=lambda q: False)  # held
+        1000
+        >>> next_offset(quiet, 1_000, 4_850, 9_000, 200, newer=lambda q: False)  # at 5 s
+        5000
     """
-    return (
-        quiet is not None
-        and quiet.batch_end_ms == start_ms
-        and planned_ms - start_ms < idle_ms
-        and (quiet.due_us is None or planned_ms * 1000 < quiet.due_us)
-        and not newer(quiet)
-    )
+    if quiet is None or quiet.batch_end_ms != start_ms:
+        return planned_ms
+    due_ms = None if quiet.due_us is None else -(-quiet.due_us // 1000)
+    if due_ms is not None and due_ms <= planned_ms:
+        return planned_ms  # (due by then: the batch runs as planned)
+    soon = due_ms is not None and due_ms <= planned_ms + poll_ms
+    if not soon and planned_ms - start_ms >= idle_ms:
+        return planned_ms
+    if newer(quiet):
+        return planned_ms
+    return due_ms if soon and due_ms is not None else start_ms
 
 
 def save_quiet(path: str, quiet: Quiet | None) -> None:
@@ -146,4 +163,4 @@ def load_quiet(path: str) -> Quiet | None:
         return None
 
 
-__all__ = ["Quiet", "holds", "load_quiet", "next_due_us", "save_quiet"]
+__all__ = ["Quiet", "load_quiet", "next_due_us", "next_offset", "save_quiet"]

@@ -343,10 +343,12 @@ class Delivery:
             schedule_version=self._schedule.latest(),
             commands_version=self._commands.latest(),
         )
-        if lead_ms > 0 and not self.pending and not self._commands_to_decide(prev, plan):
+        if not self.pending and not self._commands_to_decide(prev, plan):
             # (commands are decided against the watermark: a round with some is not ahead)
-            plan = replace(plan, watermark=now + timedelta(milliseconds=lead_ms))
-            plan = self._at_next_due(plan, now, until)
+            if lead_ms > 0:
+                plan = replace(plan, watermark=now + timedelta(milliseconds=lead_ms))
+            if self.cfg.max_lead_ms > 0:
+                plan = self._at_next_due(plan, now, until)
         if until is not None and not self.pending and plan.watermark > until:
             # (a window never goes back: its rows would be delivered again)
             plan = replace(plan, watermark=max(until, prev.watermark))
@@ -853,16 +855,17 @@ class Delivery:
 
     def _at_next_due(self, plan: Plan, now: datetime, until: datetime | None) -> Plan:
         """A plan ahead of the clock, at the next row's time when the last round found it
-        just beyond the plan's watermark, within the lead's cap (and the batch's watermark),
-        and nothing changed since (the same ``schedule`` and ``commands`` versions): its rows
-        are then shown at their time, not up to a poll interval later when the next round
-        would take them. Nothing is overdue then, so no row waits longer for the commit."""
+        beyond the plan's watermark but before the next round (a poll interval on, and the
+        batch's watermark), and nothing changed since (the same ``schedule`` and
+        ``commands`` versions): its rows are then shown at their time, the round waiting for
+        it, not up to a poll interval later when the next round would take them. Nothing is
+        overdue then, so no row waits longer for the commit."""
         known = self._known_due
         if known is None or (plan.schedule_version, plan.commands_version) != known[:2]:
             return plan
         due = known[2]
-        cap = timedelta(milliseconds=min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4))
-        if plan.watermark < due <= now + cap and (until is None or due <= until):
+        soon = now + timedelta(milliseconds=self.cfg.poll_interval_ms)
+        if plan.watermark < due <= soon and (until is None or due <= until):
             return replace(plan, watermark=due)
         return plan
 

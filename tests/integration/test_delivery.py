@@ -492,11 +492,11 @@ def test_a_round_planned_ahead_shows_its_rows_at_its_watermark_never_before(
 def test_a_round_after_a_quiet_one_is_planned_at_the_next_rows_time_unless_a_table_moved(
     spark: SparkSession, cfg: EngineConfig
 ) -> None:
-    """Real clock. The last round found the next row due at T; a round 130 ms before T with
+    """Real clock. The last round found the next row due at T; a round 180 ms before T with
     a 10 ms lead would take rows up to 10 ms later only (T's rows wait for the next one, a
-    poll interval on). It is planned at T instead, within the lead's cap (150 ms) and the
-    batch's watermark, and shows T's rows at T. After a new ``schedule`` version (rows the
-    record does not know of) the round keeps its own lead."""
+    poll interval on). It is planned at T instead (within a poll interval and the batch's
+    watermark), and waits for T before it shows T's rows. After a new ``schedule`` version
+    (rows the record does not know of) the round keeps its own lead."""
     clock = SystemClock()
     ids = send_many(spark, cfg, [Message("orders", f"m{i}", delay="8s") for i in range(5)], clock)
     engine = Engine(spark, cfg, clock, out=lambda _: None).open()
@@ -505,12 +505,11 @@ def test_a_round_after_a_quiet_one_is_planned_at_the_next_rows_time_unless_a_tab
     record = engine.delivery.quiet(clock.now())
     assert record is not None and record.due_us is not None
     due = from_micros(record.due_us)
-    time.sleep(max(0.0, (due - clock.now()).total_seconds() - 0.13))
-    result = engine.delivery.run_round(lead_ms=10, until=clock.now() + timedelta(seconds=0.15))
+    time.sleep(max(0.0, (due - clock.now()).total_seconds() - 0.18))
+    result = engine.delivery.run_round(lead_ms=10, until=clock.now() + timedelta(seconds=0.2))
     assert result.delivered == len(ids) and result.watermark == due
     rows = delivered_rows(spark, cfg)
     assert_exactly_once_never_early(rows, ids, cfg)
-    assert {r["delivered_ts"].astimezone(UTC) for r in rows} == {due}  # type: ignore[union-attr]
 
     later = send_many(spark, cfg, [Message("orders", "n", delay="8s")], clock)
     engine.stamp_available()
@@ -520,8 +519,8 @@ def test_a_round_after_a_quiet_one_is_planned_at_the_next_rows_time_unless_a_tab
     send_many(spark, cfg, [Message("orders", "o", delay="1h")], clock)
     engine.stamp_available()  # (a version the record does not know)
     due = from_micros(record.due_us)
-    time.sleep(max(0.0, (due - clock.now()).total_seconds() - 0.13))
-    result = engine.delivery.run_round(lead_ms=10, until=clock.now() + timedelta(seconds=0.15))
+    time.sleep(max(0.0, (due - clock.now()).total_seconds() - 0.18))
+    result = engine.delivery.run_round(lead_ms=10, until=clock.now() + timedelta(seconds=0.2))
     assert result.delivered == 0 and result.watermark < due
     time.sleep(max(0.0, (due - clock.now()).total_seconds()))
     assert engine.delivery.run_round().delivered == len(later)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from engine.deliver.quiet import Quiet, holds, load_quiet, next_due_us, save_quiet
+from engine.deliver.quiet import Quiet, load_quiet, next_due_us, next_offset, save_quiet
 from engine.lakehouse.delta.live_files import DataFile
 
 
@@ -38,21 +38,28 @@ def _never(_q: Quiet) -> bool:
 
 
 def test_a_hold_needs_a_record_of_the_last_batch() -> None:
-    assert holds(_quiet(), 1_000, 1_200, 1_000, _never)
-    assert not holds(None, 1_000, 1_200, 1_000, _never)
-    assert not holds(_quiet(), 800, 1_200, 1_000, _never)  # (another batch's record)
+    assert next_offset(_quiet(), 1_000, 1_200, 1_000, 200, _never) == 1_000  # held
+    assert next_offset(None, 1_000, 1_200, 1_000, 200, _never) == 1_200
+    assert next_offset(_quiet(), 800, 1_200, 1_000, 200, _never) == 1_200  # (another batch's)
 
 
 def test_a_hold_ends_when_the_planned_watermark_reaches_the_next_due_time() -> None:
-    assert holds(_quiet(due_us=1_200_001), 1_000, 1_200, 1_000, _never)
-    assert not holds(_quiet(due_us=1_200_000), 1_000, 1_200, 1_000, _never)
-    assert holds(_quiet(due_us=None), 1_000, 1_900, 1_000, _never)  # (nothing pending)
+    assert next_offset(_quiet(due_us=1_200_000), 1_000, 1_200, 1_000, 200, _never) == 1_200
+    assert next_offset(_quiet(due_us=None), 1_000, 1_900, 1_000, 200, _never) == 1_000
+
+
+def test_a_row_due_before_the_next_trigger_gets_a_batch_planned_at_its_time() -> None:
+    """Held, the next trigger (200 ms on) would plan past the row and show it up to a poll
+    interval late; this batch is planned at its time instead (rounded up to the ms)."""
+    assert next_offset(_quiet(due_us=1_300_001), 1_000, 1_150, 1_000, 200, _never) == 1_301
+    assert next_offset(_quiet(due_us=1_350_001), 1_000, 1_150, 1_000, 200, _never) == 1_000
+    assert next_offset(_quiet(due_us=1_300_000), 1_000, 1_150, 100, 200, _never) == 1_300  # (idle)
 
 
 def test_a_hold_lasts_at_most_the_idle_interval_and_never_with_it_off() -> None:
-    assert holds(_quiet(), 1_000, 1_999, 1_000, _never)
-    assert not holds(_quiet(), 1_000, 2_000, 1_000, _never)
-    assert not holds(_quiet(), 1_000, 1_001, 0, _never)
+    assert next_offset(_quiet(), 1_000, 1_999, 1_000, 200, _never) == 1_000
+    assert next_offset(_quiet(), 1_000, 2_000, 1_000, 200, _never) == 2_000
+    assert next_offset(_quiet(), 1_000, 1_001, 0, 200, _never) == 1_001
 
 
 def test_a_new_version_of_schedule_or_commands_ends_a_hold() -> None:
@@ -62,8 +69,9 @@ def test_a_new_version_of_schedule_or_commands_ends_a_hold() -> None:
         asked.append(q)
         return True
 
-    assert not holds(_quiet(), 1_000, 1_200, 1_000, newer)
-    assert asked == [_quiet()]
+    assert next_offset(_quiet(), 1_000, 1_200, 1_000, 200, newer) == 1_200
+    assert next_offset(_quiet(due_us=1_300_000), 1_000, 1_200, 1_000, 200, newer) == 1_200
+    assert asked == [_quiet(), _quiet(due_us=1_300_000)]
 
 
 def test_the_record_is_saved_whole_and_removed(tmp_path: Path) -> None:
