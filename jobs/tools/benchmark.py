@@ -93,6 +93,8 @@ SCALE_TIMEOUT_S = 1800
 SCALE_WARM_S = 20
 #: The executors' process name on a standalone cluster's workers.
 EXECUTOR_CLASS = "org.apache.spark.executor.CoarseGrainedExecutorBackend"
+#: ``idle``: seconds an engine runs after its warm-up before it is measured.
+IDLE_SETTLE_S = 20
 
 
 @dataclass(frozen=True)
@@ -122,6 +124,8 @@ class BenchPlan:
     members: tuple[int, tuple[int, ...]] = (2_000, (1, 2, 4))
     #: ``scale``: messages in each run's backlog-then-spike, smallest first.
     scale: tuple[int, ...] = (200_000, 1_000_000)
+    #: ``idle``: seconds an engine is measured with nothing to do (after IDLE_SETTLE_S).
+    idle_seconds: int = 60
 
 
 QUICK = BenchPlan(
@@ -162,6 +166,7 @@ SMOKE = BenchPlan(
     aging=(2, 5),
     members=(40, (2,)),
     scale=(20_000,),
+    idle_seconds=5,
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
@@ -387,6 +392,24 @@ class CpuTracker:
     def total(self, only: Callable[[int], bool] = lambda pid: True) -> float:
         """The CPU seconds of every process seen (``only`` those whose pid it accepts)."""
         return sum(s for (pid, _), s in self.seen.items() if only(pid))
+
+
+def _driver_root() -> int:
+    """The driver's first process: spark-submit's JVM when it started this Python, else this
+    process (which started its own JVM)."""
+    parent = os.getppid()
+    try:
+        command = Path(f"/proc/{parent}/cmdline").read_bytes()
+    except OSError:
+        return os.getpid()
+    return parent if b"java" in command.split(b"\0")[0] else os.getpid()
+
+
+def _batch_id(engine: Engine) -> int:
+    """The delivery query's current batch id (from its last progress; -1 before any)."""
+    query = engine.deliver_query.query
+    progress = query.lastProgress if query is not None else None
+    return int(progress["batchId"]) if progress else -1
 
 
 def _executors(app_id: str) -> list[int]:
@@ -1289,6 +1312,45 @@ class Bench:
         )
         return result
 
+    def idle(self) -> list[dict[str, Any]]:
+        """What the driver spends while nothing is sent: an engine started and warm, left
+        alone (after ``IDLE_SETTLE_S``) for ``plan.idle_seconds``, with
+        ``delivery.idle_interval`` as configured, then off. The CPU seconds of the driver's
+        processes (spark-submit's JVM, this Python, the Python processes the JVM starts: the
+        sources' planners) and the delivery batches Spark ran."""
+        settings = [self.base.idle_interval_ms] + ([0] if self.base.idle_interval_ms else [])
+        root = _driver_root()
+        runs = []
+        for setting in settings:
+            cfg = self.cfg("idle").with_overrides(idle_interval_ms=setting)
+            self.say(f"idle: {self.plan.idle_seconds} s with delivery.idle_interval = {setting} ms")
+            with self.engine(cfg) as engine:
+                time.sleep(IDLE_SETTLE_S)
+                tracker = CpuTracker()
+                tracker.look([root])
+                before, batches = tracker.total(), _batch_id(engine)
+                started = time.monotonic()
+                while time.monotonic() - started < self.plan.idle_seconds:
+                    time.sleep(1.0)
+                    tracker.look([root])  # (a process that exits keeps its last figure)
+                    engine.check_queries()
+                seconds = time.monotonic() - started
+                cpu = tracker.total() - before
+                ran = _batch_id(engine) - batches
+            run = {
+                "idle_interval_ms": setting,
+                "seconds": round(seconds, 1),
+                "driver_cpu_s": round(cpu, 1),
+                "driver_cores": round(cpu / seconds, 3),
+                "delivery_batches": ran,
+            }
+            self.say(
+                f"  driver CPU {run['driver_cpu_s']} s in {run['seconds']} s "
+                f"({run['driver_cores']} of a core); {ran} delivery batches"
+            )
+            runs.append(run)
+        return runs
+
     def members(self) -> dict[str, Any]:
         """Messages handled per second by a group of 1, 2 or 4 members (SimpleConsumer
         threads: receive 32, acknowledge them).
@@ -1789,6 +1851,16 @@ def table(results: dict[str, Any]) -> str:
             f"{r['driver_rss_peak_mb']:,} MB; last row {r['last_visible_after_instant_s']} s after "
             f"the instant (early {r['early']}, dup {r['duplicates']}, missing {r['missing']})"
         )
+    idle = work.get("idle", [])
+    for r in idle:
+        lines.append(
+            f"idle, delivery.idle_interval {r['idle_interval_ms']} ms: driver "
+            f"{r['driver_cores']} of a core over {r['seconds']} s, "
+            f"{r['delivery_batches']} delivery batches"
+        )
+    if len(idle) == 2 and idle[1]["driver_cores"]:
+        ratio = idle[0]["driver_cores"] / idle[1]["driver_cores"]
+        lines.append(f"idle: driver CPU with holds / without: {ratio:.2f}")
     wake = work.get("wakeup")
     if wake:
         lines.append(
@@ -1988,6 +2060,7 @@ WORKLOADS = (
     "kafka_eos",
     "cli",
     "scale",
+    "idle",
 )
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from jobs.tools.benchmark import CpuTracker, Sample, _cpu_share, _panels, chart
+from jobs.tools.benchmark import CpuTracker, Sample, _cpu_share, _panels, chart, table
 
 STEP = {"late_p50_ms": 60, "late_p95_ms": 200, "late_p99_ms": 230, "rate_achieved": 1000}
 SETTINGS = {"mode": "quick", "cpu_count": 2, "started_utc": "20260101T000000Z"}
@@ -64,3 +64,19 @@ def test_the_cpu_of_a_process_that_exited_is_kept() -> None:
     assert spent >= 0.25
     tracker.look([child.pid])  # gone: its figure stays
     assert tracker.total() == spent
+
+
+def test_the_idle_workload_prints_the_drivers_share_of_a_core_with_holds_and_without() -> None:
+    runs = [
+        {"idle_interval_ms": 1000, "seconds": 60.0, "driver_cpu_s": 14.5,
+         "driver_cores": 0.242, "delivery_batches": 56},
+        {"idle_interval_ms": 0, "seconds": 60.0, "driver_cpu_s": 23.5,
+         "driver_cores": 0.392, "delivery_batches": 297},
+    ]  # fmt: skip
+    lines = table({"settings": SETTINGS, "workloads": {"idle": runs}}).splitlines()
+    assert (
+        "idle, delivery.idle_interval 1000 ms: driver 0.242 of a core over 60.0 s, "
+        "56 delivery batches" in lines
+    )
+    assert "idle: driver CPU with holds / without: 0.62" in lines
+    assert _panels({"idle": runs}) == []
