@@ -385,7 +385,9 @@ class EngineConfig:
             commit, mostly waiting on storage and the driver).
         max_lead_ms: how far ahead of the clock the running engine may plan a round
             (``delivery.max_lead``, and 3/4 of ``poll_interval_ms``; 0 or ``off``: never):
-            its topic files are written before the watermark, its commits wait for it.
+            its topic files are written before the watermark, its commits wait for it. A
+            round planned at the time of the next row due (after a quiet spell) may be up to
+            ``poll_interval_ms`` ahead (not with ``off``).
         idle_interval_ms: with ``streaming``, how long the delivery query may go without a
             batch while the ``schedule`` files' statistics show nothing can fall due and no
             new ``schedule`` or ``commands`` version exists (``delivery.idle_interval``; 0 or

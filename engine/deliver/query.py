@@ -117,10 +117,14 @@ class ClockReader(QuietStreamReader):
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         start_ms = int(start["ms"])
-        planned = max(start_ms, int(time.time() * 1000) + self.lead_ms)
+        now = int(time.time() * 1000)
+        planned = max(start_ms, now + self.lead_ms)
         if self.quiet:  # (holds while nothing can be due: the same offset, no batch)
+            # (a batch may be planned at a row's time up to a poll interval on, as the round
+            # will take it; not without a lead)
+            reach = max(planned, now + self.poll_ms) if self.lead_ms > 0 else planned
             quiet = load_quiet(self.quiet)
-            planned = next_offset(quiet, start_ms, planned, self.idle_ms, self.poll_ms, self._newer)
+            planned = next_offset(quiet, start_ms, planned, reach, self.idle_ms, self._newer)
         return {"ms": planned}
 
     def _newer(self, quiet: Quiet) -> bool:

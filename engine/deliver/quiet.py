@@ -21,7 +21,7 @@ left to replay, commands waiting for their messages) means no hold.
 
 Example:
     >>> quiet = Quiet(batch_end_ms=1_000, due_us=5_000_000, schedule=7, commands=2)
-    >>> next_offset(quiet, 1_000, planned_ms=1_150, idle_ms=1_000, poll_ms=200,
+    >>> next_offset(quiet, 1_000, planned_ms=1_150, reach_ms=1_200, idle_ms=1_000,
     ...             newer=lambda q: False)
     1000
 """
@@ -90,8 +90,8 @@ def next_offset(
     quiet: Quiet | None,
     start_ms: int,
     planned_ms: int,
+    reach_ms: int,
     idle_ms: int,
-    poll_ms: int,
     newer: Callable[[Quiet], bool],
 ) -> int:
     """The clock source's next offset: ``start_ms`` to hold it (no batch), else the next
@@ -106,16 +106,17 @@ def next_offset(
         quiet: the last round's record (``None``: none, no hold).
         start_ms: the last batch's watermark, the offset kept.
         planned_ms: the watermark the next batch would take (the clock plus the lead).
+        reach_ms: the latest row's time this batch may be planned at (the clock plus the
+            poll interval, as far as the round will take it; ``planned_ms``: never).
         idle_ms: the longest hold (``delivery.idle_interval``; 0: never hold).
-        poll_ms: the time to the next trigger (``delivery.poll_interval``).
         newer: whether a later version of ``schedule`` or ``commands`` than the record's
             exists (asked last: it looks at storage).
 
     Example:
         >>> quiet = Quiet(batch_end_ms=1_000, due_us=5_000_000, schedule=7, commands=-1)
-        >>> next_offset(quiet, 1_000, 1_150, 1_000, 200, newer=lambda q: False)  # held
+        >>> next_offset(quiet, 1_000, 1_150, 1_200, 1_000, newer=lambda q: False)  # held
         1000
-        >>> next_offset(quiet, 1_000, 4_850, 9_000, 200, newer=lambda q: False)  # at 5 s
+        >>> next_offset(quiet, 1_000, 4_850, 5_000, 9_000, newer=lambda q: False)  # at 5 s
         5000
     """
     if quiet is None or quiet.batch_end_ms != start_ms:
@@ -123,7 +124,7 @@ def next_offset(
     due_ms = None if quiet.due_us is None else -(-quiet.due_us // 1000)
     if due_ms is not None and due_ms <= planned_ms:
         return planned_ms  # (due by then: the batch runs as planned)
-    soon = due_ms is not None and due_ms <= planned_ms + poll_ms
+    soon = due_ms is not None and due_ms <= reach_ms
     if not soon and planned_ms - start_ms >= idle_ms:
         return planned_ms
     if newer(quiet):

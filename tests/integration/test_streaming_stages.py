@@ -508,7 +508,9 @@ def test_a_hold_ends_with_a_new_schedule_or_commands_version_or_when_a_row_falls
     )  # fmt: skip
 
     def held(planned_ms: int) -> bool:
-        offset = next_offset(load_quiet(record), start, planned_ms, 10_000, 0, reader._newer)
+        offset = next_offset(
+            load_quiet(record), start, planned_ms, planned_ms, 10_000, reader._newer
+        )
         return offset == start
 
     assert held(start + 2_999)

@@ -38,28 +38,33 @@ def _never(_q: Quiet) -> bool:
 
 
 def test_a_hold_needs_a_record_of_the_last_batch() -> None:
-    assert next_offset(_quiet(), 1_000, 1_200, 1_000, 200, _never) == 1_000  # held
-    assert next_offset(None, 1_000, 1_200, 1_000, 200, _never) == 1_200
-    assert next_offset(_quiet(), 800, 1_200, 1_000, 200, _never) == 1_200  # (another batch's)
+    assert next_offset(_quiet(), 1_000, 1_200, 1_400, 1_000, _never) == 1_000  # held
+    assert next_offset(None, 1_000, 1_200, 1_400, 1_000, _never) == 1_200
+    assert next_offset(_quiet(), 800, 1_200, 1_400, 1_000, _never) == 1_200  # (another batch's)
 
 
 def test_a_hold_ends_when_the_planned_watermark_reaches_the_next_due_time() -> None:
-    assert next_offset(_quiet(due_us=1_200_000), 1_000, 1_200, 1_000, 200, _never) == 1_200
-    assert next_offset(_quiet(due_us=None), 1_000, 1_900, 1_000, 200, _never) == 1_000
+    assert next_offset(_quiet(due_us=1_200_000), 1_000, 1_200, 1_400, 1_000, _never) == 1_200
+    assert next_offset(_quiet(due_us=None), 1_000, 1_900, 2_100, 1_000, _never) == 1_000
 
 
 def test_a_row_due_before_the_next_trigger_gets_a_batch_planned_at_its_time() -> None:
     """Held, the next trigger (200 ms on) would plan past the row and show it up to a poll
     interval late; this batch is planned at its time instead (rounded up to the ms)."""
-    assert next_offset(_quiet(due_us=1_300_001), 1_000, 1_150, 1_000, 200, _never) == 1_301
-    assert next_offset(_quiet(due_us=1_350_001), 1_000, 1_150, 1_000, 200, _never) == 1_000
-    assert next_offset(_quiet(due_us=1_300_000), 1_000, 1_150, 100, 200, _never) == 1_300  # (idle)
+    assert next_offset(_quiet(due_us=1_300_001), 1_000, 1_150, 1_350, 1_000, _never) == 1_301
+    assert next_offset(_quiet(due_us=1_350_000), 1_000, 1_150, 1_350, 1_000, _never) == 1_350
+    assert next_offset(_quiet(due_us=1_350_001), 1_000, 1_150, 1_350, 1_000, _never) == 1_000
+    # without a lead (delivery.max_lead = off) the reach is the planned watermark: held
+    assert next_offset(_quiet(due_us=1_300_000), 1_000, 1_150, 1_150, 1_000, _never) == 1_000
+    assert (
+        next_offset(_quiet(due_us=1_300_000), 1_000, 1_150, 1_350, 100, _never) == 1_300
+    )  # (idle)
 
 
 def test_a_hold_lasts_at_most_the_idle_interval_and_never_with_it_off() -> None:
-    assert next_offset(_quiet(), 1_000, 1_999, 1_000, 200, _never) == 1_000
-    assert next_offset(_quiet(), 1_000, 2_000, 1_000, 200, _never) == 2_000
-    assert next_offset(_quiet(), 1_000, 1_001, 0, 200, _never) == 1_001
+    assert next_offset(_quiet(), 1_000, 1_999, 2_199, 1_000, _never) == 1_000
+    assert next_offset(_quiet(), 1_000, 2_000, 2_200, 1_000, _never) == 2_000
+    assert next_offset(_quiet(), 1_000, 1_001, 1_201, 0, _never) == 1_001
 
 
 def test_a_new_version_of_schedule_or_commands_ends_a_hold() -> None:
@@ -69,8 +74,8 @@ def test_a_new_version_of_schedule_or_commands_ends_a_hold() -> None:
         asked.append(q)
         return True
 
-    assert next_offset(_quiet(), 1_000, 1_200, 1_000, 200, newer) == 1_200
-    assert next_offset(_quiet(due_us=1_300_000), 1_000, 1_200, 1_000, 200, newer) == 1_200
+    assert next_offset(_quiet(), 1_000, 1_200, 1_400, 1_000, newer) == 1_200
+    assert next_offset(_quiet(due_us=1_300_000), 1_000, 1_200, 1_400, 1_000, newer) == 1_200
     assert asked == [_quiet(), _quiet(due_us=1_300_000)]
 
 
