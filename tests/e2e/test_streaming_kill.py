@@ -126,7 +126,9 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
         assert not (checkpoint / "commits" / str(batch)).exists()
         stamped = highest_batch(ArrowDelta(lay.schedule))
         if point == "tasks-written":
-            assert stamped == held  # planned by Spark, files written, none committed
+            # planned by Spark, files written, none committed (the driver path's last batch,
+            # when the kill above cut it short, is replayed first: it is committed)
+            assert stamped == max(held, by_driver)
             assert len(list(Path(lay.schedule).rglob("*.parquet"))) > on_disk
         else:
             assert stamped == first + batch  # written, Spark's commit behind
