@@ -44,11 +44,11 @@ from engine.core.clock import from_millis, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.deliver.quiet import Quiet, load_quiet, next_offset, save_quiet
-from engine.lakehouse.catalog.session import QuietStreamReader, link_checkpoints
+from engine.lakehouse.catalog.session import QuietStreamReader, carrying_s3, link_checkpoints
 from engine.lakehouse.delta.delta_log import commit_exists
 from engine.lakehouse.storage.fs import spark_offset
 from engine.lakehouse.storage.layout import Layout
-from engine.lakehouse.storage.location import arrive, carried
+from engine.lakehouse.storage.location import arrive
 from engine.stamp.query import query_failure
 
 log = logging.getLogger(__name__)
@@ -91,10 +91,7 @@ def clock_stream(schedule: str) -> type[ClockStream]:
         >>> clock_stream("/lake/schedule").name()
         'delayq_clock'
     """
-    settings = carried(schedule)
-    if settings is None:
-        return ClockStream
-    return type("ClockStreamS3", (ClockStream,), {"s3": settings})
+    return carrying_s3(ClockStream, schedule)
 
 
 class ClockReader(QuietStreamReader):

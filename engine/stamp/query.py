@@ -56,12 +56,12 @@ from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.core.groups import balanced
-from engine.lakehouse.catalog.session import QuietStreamReader, link_checkpoints
+from engine.lakehouse.catalog.session import QuietStreamReader, carrying_s3, link_checkpoints
 from engine.lakehouse.state.lease import unfenced
 from engine.lakehouse.state.offset_log import OffsetLog
 from engine.lakehouse.storage.fs import put_if_absent, read_text, spark_offset
 from engine.lakehouse.storage.layout import Layout
-from engine.lakehouse.storage.location import arrive, carried
+from engine.lakehouse.storage.location import arrive
 from engine.stamp.source import Added, CommitlogSource, Position
 from engine.stamp.stamper import KEEP_PLANS, BatchResult, Stamper, StampPlan, StampStats
 from engine.stamp.stamper import QUERY_CHECKPOINT as CHECKPOINT
@@ -116,10 +116,7 @@ def commitlog_stream(path: str) -> type[CommitlogStream]:
         >>> commitlog_stream("/lake/commitlog").name()
         'delayq_commitlog'
     """
-    settings = carried(path)
-    if settings is None:
-        return CommitlogStream
-    return type("CommitlogStreamS3", (CommitlogStream,), {"s3": settings})
+    return carrying_s3(CommitlogStream, path)
 
 
 def _position(offset: dict[str, int]) -> Position:

@@ -17,6 +17,7 @@ import threading
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from pyspark import SparkConf
 from pyspark.sql import SparkSession
@@ -28,7 +29,7 @@ from engine.lakehouse.catalog.metastore import catalog_conf, derby_log, tidy_res
 from engine.lakehouse.catalog.names import register_all
 from engine.lakehouse.storage.fs import jvm
 from engine.lakehouse.storage.layout import layout
-from engine.lakehouse.storage.location import s3a_conf, settings_for
+from engine.lakehouse.storage.location import carried, s3a_conf, settings_for
 from engine.lakehouse.storage.store import split_s3
 
 REPO_ROOT = DEFAULT_CONF.parent.parent
@@ -285,6 +286,26 @@ class QuietStreamReader(DataSourceStreamReader):
     def stop(self) -> None:
         if hung_up(sys.exception()):
             os._exit(0)
+
+
+_S = TypeVar("_S", bound=type)
+
+
+def carrying_s3(source: _S, location: str) -> _S:
+    """``source`` (a Python data source class with an ``s3`` class attribute), or a subclass
+    of it carrying the S3 settings of ``location`` when it is in a bucket: Spark pickles the
+    class to the processes that plan and read its batches, which know no settings of their own.
+
+    Example:
+        >>> class Source:
+        ...     s3 = None
+        >>> carrying_s3(Source, "/lake/commitlog") is Source
+        True
+    """
+    settings = carried(location)
+    if settings is None:
+        return source
+    return type(f"{source.__name__}S3", (source,), {"s3": settings})  # type: ignore[return-value]
 
 
 _ENGINE_DIR = str(Path(__file__).resolve().parents[2])  # engine/
