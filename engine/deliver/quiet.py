@@ -137,7 +137,9 @@ def save_quiet(path: str, quiet: Quiet | None) -> None:
     new one, never a part); ``None`` removes the record.
 
     Example:
-        >>> save_quiet("/tmp/delayq-clock/quiet.json", None)
+        >>> import os, tempfile
+        >>> record = os.path.join(tempfile.mkdtemp(), "quiet.json")
+        >>> save_quiet(record, None)  # (none there: nothing to remove)
     """
     if quiet is None:
         with contextlib.suppress(FileNotFoundError):
@@ -154,7 +156,8 @@ def load_quiet(path: str) -> Quiet | None:
     """The record :func:`save_quiet` wrote at ``path`` (``None``: none, or not readable).
 
     Example:
-        >>> load_quiet("/nonexistent/quiet.json") is None
+        >>> import os, tempfile
+        >>> load_quiet(os.path.join(tempfile.mkdtemp(), "quiet.json")) is None
         True
     """
     try:

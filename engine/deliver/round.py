@@ -912,13 +912,17 @@ class Delivery:
         if not self._preps or self.cfg.max_lead_ms <= 0:
             return 0
         cap = min(self.cfg.max_lead_ms, self.cfg.poll_interval_ms * 3 // 4)
+        stale = timedelta(milliseconds=self.cfg.poll_interval_ms + cap)
+        now = self.clock.now()
         last = max((self.pending or self.progress).watermark, self._last_watermark)
-        known = self._known_due
-        if known is not None and known[:2] == (self._schedule.latest(), self._commands.latest()):
-            # (a held watermark: nothing was due before the next row's time, nor is since)
-            last = max(last, min(known[2], self.clock.now()))
-        if self.clock.now() - last > timedelta(milliseconds=self.cfg.poll_interval_ms + cap):
-            return 0
+        if now - last > stale:
+            # A held watermark is not stale while nothing was due before the next row's
+            # time, nor is since (asked only here: the versions are a look at storage).
+            known = self._known_due
+            if known is None or known[:2] != (self._schedule.latest(), self._commands.latest()):
+                return 0
+            if now - max(last, min(known[2], now)) > stale:
+                return 0
         return min(cap, round(1250 * statistics.median(self._preps)))
 
     def _wait_until(self, when: datetime) -> None:
