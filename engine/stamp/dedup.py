@@ -124,7 +124,8 @@ class SeenIds:
         """
         if len(hashes) == 0:
             return
-        order = np.argsort(hashes, kind="stable")
+        # Not a stable sort: copies of one hash may come in any order (3x faster on 10M).
+        order = np.argsort(hashes)
         hashes = np.asarray(hashes, dtype=np.int64)[order]
         self._segments.append(_Segment(hashes, np.asarray(until, dtype=np.int64)[order]))
         while len(self._segments) > 1:
@@ -174,7 +175,7 @@ class SeenIds:
 def _merge(older: _Segment, newer: _Segment) -> _Segment:
     hashes = np.concatenate([older.hashes, newer.hashes])
     until = np.concatenate([older.until, newer.until])
-    order = np.argsort(hashes, kind="stable")
+    order = np.argsort(hashes)
     return _Segment(hashes[order], until[order])
 
 

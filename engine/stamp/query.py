@@ -59,7 +59,7 @@ from engine.core.groups import balanced
 from engine.lakehouse.catalog.session import QuietStreamReader, carrying_s3, link_checkpoints
 from engine.lakehouse.state.lease import unfenced
 from engine.lakehouse.state.offset_log import OffsetLog
-from engine.lakehouse.storage.fs import put_if_absent, read_text, spark_offset
+from engine.lakehouse.storage.fs import put_if_absent, read_text, spark_next_batch, spark_offset
 from engine.lakehouse.storage.layout import Layout
 from engine.lakehouse.storage.location import arrive
 from engine.stamp.source import Added, CommitlogSource, Position
@@ -431,6 +431,9 @@ class StampQuery:
             if self.query is not None and self.query.isActive:
                 raise RuntimeError(f"{QUERY_NAME} is running")
             self.error = None
+            # The taken ids, read while Spark starts the query (seconds with millions).
+            assert self._begin is not None
+            self.writer.warm(self._begin.first_batch + spark_next_batch(self.checkpoint))
             writer = (
                 self._stream()
                 .writeStream.queryName(QUERY_NAME)

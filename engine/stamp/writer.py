@@ -24,6 +24,8 @@ Example:
 from __future__ import annotations
 
 import json
+import logging
+import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -42,6 +44,8 @@ from engine.lakehouse.storage.layout import Layout
 from engine.stamp.dedup import SeenIds, Taken, duplicate_reasons, from_micros, taken_until
 from engine.stamp.transform import id_hashes, split, stamped
 from schemas import QUARANTINE, SCHEDULE, column_names
+
+log = logging.getLogger(__name__)
 
 STAMP_APP_ID = "delayq-stamp"
 #: The 64-bit hash of ``msg_id`` (a ``schedule`` column): the deduplication index's key.
@@ -70,6 +74,23 @@ class StampWriter:
         }
         self._written: dict[str, int] = {}  # table path -> highest batch it holds
         self._seen: SeenIds | None = None  # ids stamped in the dedup window, read when needed
+        self._warming: _Warming | None = None  # the same, being read for a first batch
+
+    def warm(self, batch_id: int) -> None:
+        """Start reading the taken ids back from ``schedule`` in the background, for
+        ``batch_id`` as the next batch: a restart's first batch then finds them read (or
+        waits for the rest) instead of starting to read them, while the streaming queries
+        start meanwhile. Used only if that batch is the next one this writer stamps.
+
+        Example:
+            >>> writer.warm(12)  # doctest: +SKIP
+        """
+        if self.cfg.dedup_window_ms <= 0 or self._seen is not None or self._warming is not None:
+            return
+        window = timedelta(milliseconds=self.cfg.dedup_window_ms)
+        since = self.clock.now() - window - EXPIRY_SLACK  # what `_seen_since` reads then
+        # A table object of its own: the batch's thread may use the writer's meanwhile.
+        self._warming = _Warming(ArrowDelta(self.layout.schedule), batch_id, since)
 
     def tables(self) -> list[ArrowDelta]:
         """The tables a batch is written to."""
@@ -133,6 +154,9 @@ class StampWriter:
         window = timedelta(milliseconds=self.cfg.dedup_window_ms)
         # Never forget what this batch needs; keep some slack for rows stamped late.
         bound = min(needed, now - window - EXPIRY_SLACK)
+        if self._seen is None and self._warming is not None:
+            warming, self._warming = self._warming, None
+            self._seen = warming.result(batch_id)
         if self._seen is None or needed < self._seen.complete_from:
             # A restart, a retried batch, or rows stored long before the batch: read the
             # taken ids back from `schedule`, so the decision is the one the data gives.
@@ -383,6 +407,31 @@ def with_reasons(rows: pa.Table, positions: np.ndarray, reasons: Sequence[str | 
             merged[at] = why
     index = rows.column_names.index("reason")
     return rows.set_column(index, "reason", pa.array(merged.tolist(), pa.string()))
+
+
+class _Warming:
+    """:func:`seen_ids` for one batch, read by a thread of its own."""
+
+    def __init__(self, table: ArrowDelta, batch_id: int, since: datetime) -> None:
+        self.batch_id = batch_id
+        self._seen: SeenIds | None = None
+        self._thread = threading.Thread(
+            target=self._read, args=(table, since), name="delayq-stamp-dedup", daemon=True
+        )
+        self._thread.start()
+
+    def _read(self, table: ArrowDelta, since: datetime) -> None:
+        try:
+            self._seen = seen_ids(table, self.batch_id, since)
+        except Exception as err:  # the batch reads them itself, and fails there if it must
+            log.warning("reading the taken ids ahead of batch %d: %s", self.batch_id, err)
+
+    def result(self, batch_id: int) -> SeenIds | None:
+        """The ids, once read, if they were read for ``batch_id`` (else ``None``)."""
+        if batch_id != self.batch_id:
+            return None  # another batch first (batches before it differ): read again
+        self._thread.join()
+        return self._seen
 
 
 def seen_ids(table: ArrowDelta, batch_id: int, since: datetime) -> SeenIds:

@@ -139,6 +139,40 @@ def test_a_replayed_batch_decides_its_duplicates_the_same_way(
     assert stored(spark, lay.quarantine) == [("A", 1)]
 
 
+def test_ids_read_ahead_at_start_serve_only_the_batch_they_were_read_for(
+    spark: SparkSession, cfg: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.stamp.writer as writer_module
+
+    reads: list[int] = []
+    real = writer_module.seen_ids
+
+    def counted(table: Any, batch_id: int, since: datetime) -> Any:
+        reads.append(batch_id)
+        return real(table, batch_id, since)
+
+    monkeypatch.setattr(writer_module, "seen_ids", counted)
+    lay = ensure_tables(spark, cfg)
+    clock = FakeClock(T0)
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
+    # The first try of batch 1 reached `schedule` and then crashed.
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("D", "orders", b"d", 1)]), 1)
+    reads.clear()
+
+    # A restart read the ids ahead for batch 1, its replay: used, D is not its own duplicate.
+    replay = StampWriter(cfg, lay, clock)
+    replay.warm(1)
+    replay(commitlog_rows(spark, [("A", "orders", b"2", 1), ("D", "orders", b"d", 1)]), 1)
+    # Read ahead for batch 1 but batch 2 comes first: read again, so D (batch 1) is known.
+    other = StampWriter(cfg, lay, clock)
+    other.warm(1)
+    other(commitlog_rows(spark, [("D", "audit", b"e", 2)]), 2)
+
+    assert stored(spark, lay.schedule) == [("A", 0), ("D", 1)]
+    assert stored(spark, lay.quarantine) == [("A", 1), ("D", 2)]
+    assert reads == [1, 1, 2]  # the replay read nothing more; batch 2 read its own
+
+
 def short_window(spark: SparkSession, make_cfg: object) -> tuple[EngineConfig, Any, FakeClock]:
     """A lakehouse whose ids stay taken 3 s (the longest test level), and a clock."""
     cfg = make_cfg(dedup_window_ms=3_000)  # type: ignore[operator]

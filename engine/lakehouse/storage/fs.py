@@ -97,6 +97,19 @@ def stream_query_id(checkpoint: str) -> str:
     return str(json.loads(text.splitlines()[0])["id"])
 
 
+def spark_next_batch(checkpoint: str) -> int:
+    """The batch a streaming query runs first when it starts on ``checkpoint``: the one
+    after its last committed batch (a batch planned and not committed runs again), 0 when
+    none is.
+
+    Example:
+        >>> spark_next_batch("/nowhere/at/all")
+        0
+    """
+    done = [int(name) for name in list_files(f"{checkpoint.rstrip('/')}/commits") if name.isdigit()]
+    return max(done) + 1 if done else 0
+
+
 def spark_offset(checkpoint: str, batch: int) -> dict[str, Any] | None:
     """The offset a streaming query with one source planned for ``batch`` (the last line of
     its offsets log entry, written before the batch runs); ``None`` when there is none.
