@@ -40,7 +40,7 @@ from deltalake import (
 )
 from deltalake.exceptions import CommitFailedError, TableNotFoundError
 
-from engine.core.errors import RetryableError
+from engine.core.errors import CheckpointError, RetryableError
 from engine.lakehouse.delta.checkpoints import CHECKPOINTS, checkpoint_interval
 from engine.lakehouse.delta.delta_log import Txn
 from engine.lakehouse.delta.log_append import FileLayout, LogAppender, conform
@@ -113,6 +113,19 @@ def create_table(path: str, schema: pa.Schema) -> bool:
     return True
 
 
+def missing_table(path: str) -> CheckpointError:
+    """The error for a table the engine reads that is not there (version -1).
+
+    Example:
+        >>> str(missing_table("/lake/schedule")).split(":")[0]
+        'no Delta table at /lake/schedule'
+    """
+    return CheckpointError(
+        f"no Delta table at {path}: it is missing or its _delta_log was deleted while the "
+        "lakehouse was in use; restore it, or start on a new lakehouse"
+    )
+
+
 class ArrowDelta:
     """One Delta table, read and appended from the driver; the latest snapshot is kept open.
 
@@ -175,11 +188,16 @@ class ArrowDelta:
         """The files of ``version`` as an Arrow dataset; each file carries its Delta statistics,
         so a filter skips the files that cannot match.
 
+        Raises:
+            CheckpointError: ``version`` is negative: the table is not there.
+
         Example:
             >>> parts = ArrowDelta("/lake/schedule").dataset(41)  # doctest: +SKIP
             >>> parts.to_table(filter=ds.field("queue_id") == 1).num_rows  # doctest: +SKIP
             1000
         """
+        if version < 0:  # (what `latest` answers for a table that is not there)
+            raise missing_table(self.path)
         with self._lock:
             if self._table is not None and self._table.version() == version:
                 return self._table.to_pyarrow_dataset(parquet_read_options=READ_OPTIONS)
@@ -420,4 +438,4 @@ def _file_size(rows: pa.Table, file_rows: int) -> int | None:
     return max(1, buffer.tell() * file_rows // int(sample.num_rows))
 
 
-__all__ = ["ArrowDelta", "create_table", "data_file"]
+__all__ = ["ArrowDelta", "create_table", "data_file", "missing_table"]

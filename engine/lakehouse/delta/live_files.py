@@ -36,7 +36,7 @@ from deltalake import DeltaTable
 from deltalake.exceptions import TableNotFoundError
 
 from engine.core.clock import to_micros
-from engine.lakehouse.delta.arrow_delta import READ_OPTIONS, data_file
+from engine.lakehouse.delta.arrow_delta import READ_OPTIONS, data_file, missing_table
 from engine.lakehouse.storage.location import store_for
 from engine.lakehouse.storage.store import Store
 
@@ -229,6 +229,8 @@ class LiveFiles:
         self.version = max(self.version, version)
 
     def _load(self, version: int) -> None:
+        if version < 0:  # (the table is not there)
+            raise missing_table(self.path)
         table = self.store.delta_table(self.path, version)
         refused = _unreadable(table)
         if refused:
