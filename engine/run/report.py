@@ -95,7 +95,10 @@ class OneLineFormatter(logging.Formatter):
         line = line.splitlines()[0] if line else line
         error = saved[0][1] if saved[0] else None
         if error is not None:
-            line += f" ({type(error).__name__}: {summary(error)}; see {self.log_file})"
+            said = summary(error)
+            # (a message that quotes the error already: name its class only)
+            told = "" if said in line else f": {said}"
+            line += f" ({type(error).__name__}{told}; see {self.log_file})"
         return line
 
 

@@ -77,6 +77,19 @@ def test_an_error_logged_with_its_traceback_is_one_line_on_the_console_and_whole
     assert "Traceback (most recent call last)" in log_file.read_text()
 
 
+def test_a_message_that_quotes_its_error_does_not_say_it_twice(
+    log_file: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    try:
+        _buggy()
+    except KeyError as err:
+        logging.getLogger("delayq").error("the stamping stage stopped: %s", err, exc_info=True)
+    err = capsys.readouterr().err
+    assert err.rstrip().endswith(
+        f"ERROR delayq: the stamping stage stopped: 'round 7' (KeyError; see {log_file})"
+    )
+
+
 def test_the_summary_is_the_first_line_that_says_something() -> None:
     error = RuntimeError("An error occurred while calling o42.save.\n: java.io.IOException: disk\n")
     assert summary(error) == "java.io.IOException: disk"
