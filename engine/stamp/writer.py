@@ -29,7 +29,7 @@ import threading
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import pyarrow as pa
@@ -121,8 +121,12 @@ class StampWriter:
         # the rounds' file skipping exploits.
         scheduled = scheduled.sort_by([("queue_id", "ascending"), ("deliver_ts", "ascending")])
         self._append(scheduled, self.layout.schedule, batch_id, self.cfg.stamp_file_rows)
-        if dedup and self._seen is not None and scheduled.num_rows:
-            self._seen.add(scheduled[ID_HASH].to_numpy(), taken_until(scheduled))
+        if dedup:
+            taken = scheduled[ID_HASH].to_numpy(), taken_until(scheduled)
+            if self._seen is not None:
+                self._seen.add(*taken)
+            elif self._warming is not None and not self._warming.carry(batch_id, *taken):
+                self._warming = None  # (another batch than it reads for: read again later)
         self._append(quarantined, self.layout.quarantine, batch_id)
         return scheduled.num_rows, quarantined.num_rows
 
@@ -138,7 +142,7 @@ class StampWriter:
         reasons = duplicate_reasons(
             candidates,
             candidates[ID_HASH].to_numpy(),
-            self._seen_since(batch_id, needed, now),
+            self._seen_since(batch_id, needed, now, candidates[ID_HASH].to_numpy()),
             lambda ids: self._last_stored(ids, batch_id, needed),
             window,
         )
@@ -148,12 +152,25 @@ class StampWriter:
         positions = np.flatnonzero(valid.to_numpy(zero_copy_only=False))
         return with_reasons(rows, positions, reasons.to_pylist())
 
-    def _seen_since(self, batch_id: int, needed: datetime, now: datetime) -> SeenIds:
+    def _seen_since(
+        self, batch_id: int, needed: datetime, now: datetime, hashes: np.ndarray | None = None
+    ) -> SeenIds:
         """The ids taken by earlier batches, complete from ``needed`` on (read back from
-        ``schedule`` when the memory does not reach that far, expired now and then)."""
+        ``schedule`` when the memory does not reach that far, expired now and then).
+
+        While they are being read ahead (:meth:`warm`), a batch that gives its ``hashes``
+        gets only those ids' entries (all a batch asks), read from the one column, instead
+        of waiting for the rest: a restart's first batch among millions of taken ids.
+        """
         window = timedelta(milliseconds=self.cfg.dedup_window_ms)
         # Never forget what this batch needs; keep some slack for rows stamped late.
         bound = min(needed, now - window - EXPIRY_SLACK)
+        warming = self._warming
+        reading = warming is not None and warming.batch_id == batch_id and not warming.done()
+        if self._seen is None and reading and hashes is not None:
+            found = seen_ids(self._tables[self.layout.schedule], batch_id, bound, hashes)
+            if found is not None:
+                return found
         if self._seen is None and self._warming is not None:
             warming, self._warming = self._warming, None
             self._seen = warming.result(batch_id)
@@ -410,11 +427,13 @@ def with_reasons(rows: pa.Table, positions: np.ndarray, reasons: Sequence[str | 
 
 
 class _Warming:
-    """:func:`seen_ids` for one batch, read by a thread of its own."""
+    """:func:`seen_ids` for one batch, read by a thread of its own; batches stamped meanwhile
+    (each deciding from the entries of its own ids) are carried into it."""
 
     def __init__(self, table: ArrowDelta, batch_id: int, since: datetime) -> None:
         self.batch_id = batch_id
         self._seen: SeenIds | None = None
+        self._carried: list[tuple[np.ndarray, np.ndarray]] = []
         self._thread = threading.Thread(
             target=self._read, args=(table, since), name="delayq-stamp-dedup", daemon=True
         )
@@ -426,19 +445,50 @@ class _Warming:
         except Exception as err:  # the batch reads them itself, and fails there if it must
             log.warning("reading the taken ids ahead of batch %d: %s", self.batch_id, err)
 
+    def done(self) -> bool:
+        """Whether the reading has ended."""
+        return not self._thread.is_alive()
+
+    def carry(self, batch_id: int, hashes: np.ndarray, until: np.ndarray) -> bool:
+        """Add batch ``batch_id``'s taken ids (stamped while this reads the batches before
+        it); the ids are then for the batch after it. False for another batch."""
+        if batch_id != self.batch_id:
+            return False
+        self._carried.append((hashes, until))
+        self.batch_id += 1
+        return True
+
     def result(self, batch_id: int) -> SeenIds | None:
         """The ids, once read, if they were read for ``batch_id`` (else ``None``)."""
         if batch_id != self.batch_id:
             return None  # another batch first (batches before it differ): read again
         self._thread.join()
+        if self._seen is not None:
+            for hashes, until in self._carried:
+                self._seen.add(hashes, until)
+            self._carried = []
         return self._seen
 
 
-def seen_ids(table: ArrowDelta, batch_id: int, since: datetime) -> SeenIds:
+@overload
+def seen_ids(table: ArrowDelta, batch_id: int, since: datetime) -> SeenIds: ...
+
+
+@overload
+def seen_ids(
+    table: ArrowDelta, batch_id: int, since: datetime, only: np.ndarray
+) -> SeenIds | None: ...
+
+
+def seen_ids(
+    table: ArrowDelta, batch_id: int, since: datetime, only: np.ndarray | None = None
+) -> SeenIds | None:
     """The ids stamped by batches before ``batch_id`` and taken until ``since`` or later.
 
     Read with delta-rs from ``msg_id_hash`` and the two times (24 bytes a row); rows stamped
-    before the column existed are hashed here from their ``msg_id``.
+    before the column existed are hashed here from their ``msg_id``. With ``only`` (hashes),
+    just the entries of those hashes, found in the hash column alone (usually none; ``None``
+    when some rows have no hash, as rows stamped before the column existed).
 
     Example:
         >>> since = clock.now() - timedelta(hours=2)
@@ -458,6 +508,15 @@ def seen_ids(table: ArrowDelta, batch_id: int, since: datetime) -> SeenIds:
         & ((store >= at) | (deliver >= at))
     )
     snapshot = table.dataset(version)
+    if only is not None:
+        column = snapshot.to_table(columns=[ID_HASH])[ID_HASH]
+        if column.null_count:
+            return None
+        wanted = pa.array(np.unique(np.asarray(only, dtype=np.int64)), pa.int64())
+        found = column.filter(pc.is_in(column, value_set=wanted))
+        if len(found) == 0:
+            return seen  # the usual: no id of the batch was taken
+        chosen = chosen & pc.field(ID_HASH).isin(pc.unique(found))
     rows = snapshot.to_table(columns=[ID_HASH, "store_ts", "deliver_ts"], filter=chosen)
     if rows[ID_HASH].null_count:  # rows stamped by an older version: hash them here
         older = snapshot.to_table(

@@ -147,9 +147,10 @@ def test_ids_read_ahead_at_start_serve_only_the_batch_they_were_read_for(
     reads: list[int] = []
     real = writer_module.seen_ids
 
-    def counted(table: Any, batch_id: int, since: datetime) -> Any:
-        reads.append(batch_id)
-        return real(table, batch_id, since)
+    def counted(table: Any, batch_id: int, since: datetime, *only: Any) -> Any:
+        if not only:  # (not a batch's read of its own ids' entries)
+            reads.append(batch_id)
+        return real(table, batch_id, since, *only)
 
     monkeypatch.setattr(writer_module, "seen_ids", counted)
     lay = ensure_tables(spark, cfg)
@@ -171,6 +172,43 @@ def test_ids_read_ahead_at_start_serve_only_the_batch_they_were_read_for(
     assert stored(spark, lay.schedule) == [("A", 0), ("D", 1)]
     assert stored(spark, lay.quarantine) == [("A", 1), ("D", 2)]
     assert reads == [1, 1, 2]  # the replay read nothing more; batch 2 read its own
+
+
+def test_batches_stamped_while_the_ids_are_read_ahead_decide_from_their_own_ids_alone(
+    spark: SparkSession, cfg: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A restart's first batches do not wait for millions of taken ids: each reads the
+    entries of its own ids; their ids are then carried into what is read ahead."""
+    import threading
+
+    import engine.stamp.writer as writer_module
+
+    release, reads = threading.Event(), []
+    real = writer_module.seen_ids
+
+    def slow(table: Any, batch_id: int, since: datetime, only: Any = None) -> Any:
+        reads.append((batch_id, "full" if only is None else "own"))
+        if only is None:
+            release.wait(60)  # millions of ids: still reading
+        return real(table, batch_id, since) if only is None else real(table, batch_id, since, only)
+
+    monkeypatch.setattr(writer_module, "seen_ids", slow)
+    lay = ensure_tables(spark, cfg)
+    clock = FakeClock(T0)
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
+    reads.clear()
+
+    writer = StampWriter(cfg, lay, clock)
+    writer.warm(1)
+    writer(commitlog_rows(spark, [("A", "orders", b"2", 1), ("E", "orders", b"e", 1)]), 1)
+    writer(commitlog_rows(spark, [("E", "audit", b"3", 1)]), 2)
+    release.set()
+    copies = [("A", "x", b"4", 1), ("E", "x", b"5", 1), ("F", "orders", b"f", 1)]
+    writer(commitlog_rows(spark, copies), 3)
+
+    assert stored(spark, lay.schedule) == [("A", 0), ("E", 1), ("F", 3)]
+    assert stored(spark, lay.quarantine) == [("A", 1), ("A", 3), ("E", 2), ("E", 3)]
+    assert reads == [(1, "full"), (1, "own"), (2, "own")]  # batch 3: what was read, + 1, 2
 
 
 def short_window(spark: SparkSession, make_cfg: object) -> tuple[EngineConfig, Any, FakeClock]:
