@@ -281,6 +281,7 @@ _KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "messages.max_delay": ("max_delay_ms", _duration),
     "messages.dedup_window": ("dedup_window_ms", _duration_or_off),
     "stamp.interval": ("stamp_interval_ms", _duration),
+    "stamp.idle_wait": ("stamp_idle_wait_ms", _duration_or_off),
     "stamp.max_files_per_batch": ("stamp_max_files", _positive_int),
     "stamp.max_rows_per_file": ("stamp_file_rows", _positive_int),
     "stamp.max_bytes_per_batch": ("stamp_max_bytes", _positive_int),
@@ -352,6 +353,12 @@ class EngineConfig:
             (``messages.dedup_window``; 0 turns deduplication off). At least the longest
             level's delay.
         stamp_interval_ms: how often stamping looks for new ``commitlog`` versions.
+        stamp_idle_wait_ms: with ``streaming``, once a look found nothing new, the next one
+            waits up to this long for the next ``commitlog`` version (looking every 10 ms, or
+            every ``stamp_interval_ms`` on an object store) before it tells Spark nothing
+            came: an idle query runs a few triggers a second instead of one per
+            ``stamp_interval_ms``, and a message sent meanwhile is stamped as soon as it is
+            seen (``stamp.idle_wait``; 0 or ``off``: a trigger every ``stamp_interval_ms``).
         stamp_max_files: most ``commitlog`` data files per stamping batch.
         stamp_max_bytes: most ``commitlog`` bytes per stamping batch (a batch is held in
             the driver's memory while it is written).
@@ -453,6 +460,7 @@ class EngineConfig:
     max_delay_ms: int = 30 * 86_400_000
     dedup_window_ms: int = 2 * 3_600_000
     stamp_interval_ms: int = 50
+    stamp_idle_wait_ms: int = 500
     stamp_max_files: int = 1000
     stamp_file_rows: int = 100_000
     stamp_max_bytes: int = 16 * 1024 * 1024

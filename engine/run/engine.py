@@ -69,6 +69,8 @@ DELIVER_QUERY = "delayq-deliver"
 ERROR_BACKOFF_S = 10.0  # RocketMQ waits 10 s after a failed delivery attempt
 MAX_FAILED_ROUNDS = 30  # about 5 minutes of failures in a row stops the engine
 IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is pending
+#: Spark's status while a trigger asks the source for its latest offset: no batch runs yet.
+ASKING_SOURCE = "Getting offsets from"
 STOP_WAIT_S = 60.0  # longest stop() waits for a delivery round or stamping batch in progress
 
 
@@ -638,8 +640,11 @@ def _settle(query: StreamingQuery, wait_s: float = STOP_WAIT_S) -> None:
     deadline = time.monotonic() + wait_s
     while time.monotonic() < deadline:
         try:
-            if not query.isActive or not query.status["isTriggerActive"]:
+            status = query.status
+            if not query.isActive or not status["isTriggerActive"]:
                 return
+            if str(status["message"]).startswith(ASKING_SOURCE):
+                return  # asking the source for new data (an idle stamping look may wait)
         except Exception:  # (the query ended meanwhile)
             return
         time.sleep(0.05)

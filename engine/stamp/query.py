@@ -72,6 +72,9 @@ from engine.stamp.writer import StampWriter
 log = logging.getLogger(__name__)
 
 QUERY_NAME = "delayq-stamp"
+#: How often an idle look checks for the next ``commitlog`` version on a local lakehouse
+#: (``stamp.idle_wait``; an object store is asked every ``stamp.interval``).
+IDLE_POLL_MS = 10
 SOURCE_FORMAT = "delayq_commitlog"
 #: The source's rows: a batch's ``commitlog`` data files (Spark tasks read them,
 #: :mod:`engine.stamp.tasks`), a partition per group of about equal bytes.
@@ -137,8 +140,11 @@ class CommitlogReader(QuietStreamReader):
         self.max_files = int(options["max_files"])
         self.max_bytes = int(options["max_bytes"])
         self.tasks = int(options.get("tasks", "1"))
+        self.idle_wait = int(options.get("idle_wait_ms", "0")) / 1000
+        self.idle_poll = int(options.get("idle_poll_ms", "10")) / 1000
         self.s3 = s3
         self._source: CommitlogSource | None = None
+        self._idle = False  # the last look found nothing new
 
     def _commitlog(self) -> CommitlogSource:
         if self._source is None:
@@ -150,7 +156,16 @@ class CommitlogReader(QuietStreamReader):
         return dict(self.start)
 
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
-        _, end = self._commitlog().changes(_position(start), self.max_files, self.max_bytes)
+        """The end of the next batch; after a look that found nothing, waits up to
+        ``idle_wait_ms`` for a new version first (see ``stamp.idle_wait``)."""
+        source, position = self._commitlog(), _position(start)
+        files, end = source.changes(position, self.max_files, self.max_bytes)
+        if not files and self._idle and self.idle_wait > 0:
+            deadline = time.monotonic() + self.idle_wait
+            while not files and time.monotonic() < deadline:
+                time.sleep(self.idle_poll)
+                files, end = source.changes(position, self.max_files, self.max_bytes)
+        self._idle = not files
         return _offset(end)
 
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
@@ -204,7 +219,7 @@ def python_cause(err: BaseException) -> BaseException:
     than ``OSError``'s) as a ``RuntimeError`` that stops the stage at once; else ``err``.
 
     Example:
-        >>> python_cause(RuntimeError("Traceback ...\nKeyError: 'ms'"))
+        >>> python_cause(RuntimeError("Traceback ...\\nKeyError: 'ms'"))
         RuntimeError("a bug in a Spark worker's Python: KeyError: 'ms'")
     """
     text = str(err)
@@ -332,8 +347,11 @@ class StampQuery:
         self._begin = begin
         return self
 
-    def _stream(self) -> DataFrame:
+    def _stream(self, available_now: bool = False) -> DataFrame:
         assert self._begin is not None
+        # An idle look waits for the next commit (not with availableNow: it ends when idle).
+        wait = 0 if available_now else self.cfg.stamp_idle_wait_ms
+        poll = self.cfg.stamp_interval_ms if self.cfg.on_object_store else IDLE_POLL_MS
         link_checkpoints(self.spark)
         self.spark.dataSource.register(commitlog_stream(self.layout.commitlog))
         return (
@@ -343,6 +361,8 @@ class StampQuery:
             .option("max_files", str(self.cfg.stamp_max_files))
             .option("max_bytes", str(self.cfg.stamp_max_bytes))
             .option("tasks", str(self.spark.sparkContext.defaultParallelism))
+            .option("idle_wait_ms", str(wait))
+            .option("idle_poll_ms", str(poll))
             .load()
         )
 
@@ -435,7 +455,7 @@ class StampQuery:
             assert self._begin is not None
             self.writer.warm(self._begin.first_batch + spark_next_batch(self.checkpoint))
             writer = (
-                self._stream()
+                self._stream(available_now)
                 .writeStream.queryName(QUERY_NAME)
                 .option("checkpointLocation", self.checkpoint)
                 .foreachBatch(self._run)

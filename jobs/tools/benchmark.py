@@ -1315,16 +1315,22 @@ class Bench:
     def idle(self) -> list[dict[str, Any]]:
         """What the driver spends while nothing is sent: an engine started and warm, left
         alone (after ``IDLE_SETTLE_S``) for ``plan.idle_seconds``, with
-        ``delivery.idle_interval`` as configured, then off. The CPU seconds of the driver's
-        processes (spark-submit's JVM, this Python, the Python processes the JVM starts: the
-        sources' planners) and the delivery batches Spark ran."""
-        settings = [self.base.idle_interval_ms] + ([0] if self.base.idle_interval_ms else [])
+        ``delivery.idle_interval`` and ``stamp.idle_wait`` as configured, then both off. The
+        CPU seconds of the driver's processes (spark-submit's JVM, this Python, the Python
+        processes the JVM starts: the sources' planners) and the delivery batches Spark ran."""
+        configured = (self.base.idle_interval_ms, self.base.stamp_idle_wait_ms)
+        settings = [configured] + ([(0, 0)] if any(configured) else [])
         root = _driver_root()
         runs = []
-        for setting in settings:
+        for hold, wait in settings:
             # (a lakehouse each: Spark keeps a deleted table's log in its cache)
-            cfg = self.cfg(f"idle-{setting}").with_overrides(idle_interval_ms=setting)
-            self.say(f"idle: {self.plan.idle_seconds} s with delivery.idle_interval = {setting} ms")
+            cfg = self.cfg(f"idle-{hold}-{wait}").with_overrides(
+                idle_interval_ms=hold, stamp_idle_wait_ms=wait
+            )
+            self.say(
+                f"idle: {self.plan.idle_seconds} s with delivery.idle_interval = {hold} ms, "
+                f"stamp.idle_wait = {wait} ms"
+            )
             with self.engine(cfg) as engine:
                 time.sleep(IDLE_SETTLE_S)
                 tracker = CpuTracker()
@@ -1339,7 +1345,8 @@ class Bench:
                 cpu = tracker.total() - before
                 ran = _batch_id(engine) - batches
             run = {
-                "idle_interval_ms": setting,
+                "idle_interval_ms": hold,
+                "stamp_idle_wait_ms": wait,
                 "seconds": round(seconds, 1),
                 "driver_cpu_s": round(cpu, 1),
                 "driver_cores": round(cpu / seconds, 3),
@@ -1854,14 +1861,16 @@ def table(results: dict[str, Any]) -> str:
         )
     idle = work.get("idle", [])
     for r in idle:
+        wait = r.get("stamp_idle_wait_ms")  # (not recorded before it existed)
         lines.append(
-            f"idle, delivery.idle_interval {r['idle_interval_ms']} ms: driver "
-            f"{r['driver_cores']} of a core over {r['seconds']} s, "
+            f"idle, delivery.idle_interval {r['idle_interval_ms']} ms"
+            + ("" if wait is None else f", stamp.idle_wait {wait} ms")
+            + f": driver {r['driver_cores']} of a core over {r['seconds']} s, "
             f"{r['delivery_batches']} delivery batches"
         )
     if len(idle) == 2 and idle[1]["driver_cores"]:
         ratio = idle[0]["driver_cores"] / idle[1]["driver_cores"]
-        lines.append(f"idle: driver CPU with holds / without: {ratio:.2f}")
+        lines.append(f"idle: driver CPU as configured / both off: {ratio:.2f}")
     wake = work.get("wakeup")
     if wake:
         lines.append(

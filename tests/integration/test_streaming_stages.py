@@ -4,6 +4,7 @@ and ``delayq-deliver`` (``delivery.mode = streaming``)."""
 from __future__ import annotations
 
 import dataclasses
+import threading
 import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 import pytest
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
+from pyspark.sql.streaming.datasource import ReadAllAvailable
 
 from engine.control.commands import cancel
 from engine.core.clock import FakeClock, SystemClock, to_micros, to_millis
@@ -32,7 +34,7 @@ from engine.lakehouse.delta.tables import ensure_tables
 from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import DELIVER_QUERY, Engine
-from engine.stamp.query import FILES, QUERY_NAME, StampQuery, newest_plan
+from engine.stamp.query import FILES, QUERY_NAME, CommitlogReader, StampQuery, newest_plan
 from engine.stamp.source import CommitlogSource, Position
 from engine.stamp.stamper import Stamper
 from engine.stamp.tasks import stamp_on_executors
@@ -526,6 +528,46 @@ def test_a_hold_ends_with_a_new_schedule_or_commands_version_or_when_a_row_falls
     assert held(start + 999)
     assert cancel(spark, cfg, later[0], wait=0, clock=clock).status == "pending"
     assert not held(start + 500)
+
+
+def test_an_idle_stamping_look_waits_for_the_next_commit_and_ends_as_soon_as_one_lands(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    """The ``commitlog`` source as Spark asks it at each trigger: once a look found nothing,
+    the next waits (``stamp.idle_wait``) instead of letting Spark trigger again every 50 ms,
+    and returns the new end as soon as a message is sent, not at the end of the wait."""
+    cfg: EngineConfig = make_cfg()
+    ensure_tables(spark, cfg)
+    options = {
+        "path": layout(cfg).commitlog,
+        "start": "{}",
+        "max_files": "1000",
+        "max_bytes": str(1 << 24),
+        "idle_wait_ms": "20000",
+        "idle_poll_ms": "10",
+    }
+    reader = CommitlogReader(options, None)
+    start = reader.latestOffset({"version": 0, "index": 0}, ReadAllAvailable())  # found nothing
+    _send(spark, cfg, "a")
+    # A message was sent since: no wait, the batch takes it.
+    sent = reader.latestOffset(start, ReadAllAvailable())
+    assert sent["version"] > start["version"]
+    reader.latestOffset(sent, ReadAllAvailable())  # nothing more: the next look waits
+
+    timer = threading.Timer(0.5, lambda: _send(spark, cfg, "b"))
+    timer.start()
+    began = time.monotonic()
+    ended = reader.latestOffset(sent, ReadAllAvailable())
+    waited = time.monotonic() - began
+    timer.join()
+    assert ended["version"] > sent["version"]
+    assert 0.4 < waited < 15  # it waited for the send, and not its whole 20 s
+
+    quick = CommitlogReader({**options, "idle_wait_ms": "0"}, None)
+    began = time.monotonic()
+    assert quick.latestOffset(ended, ReadAllAvailable()) == ended
+    assert quick.latestOffset(ended, ReadAllAvailable()) == ended  # "off": never waits
+    assert time.monotonic() - began < 5
 
 
 def test_a_delivery_batch_replayed_below_the_progress_never_takes_the_window_back(

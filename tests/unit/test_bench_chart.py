@@ -66,17 +66,17 @@ def test_the_cpu_of_a_process_that_exited_is_kept() -> None:
     assert tracker.total() == spent
 
 
-def test_the_idle_workload_prints_the_drivers_share_of_a_core_with_holds_and_without() -> None:
+def test_the_idle_workload_prints_the_drivers_share_of_a_core_as_configured_and_off() -> None:
     runs = [
-        {"idle_interval_ms": 1000, "seconds": 60.0, "driver_cpu_s": 14.5,
-         "driver_cores": 0.242, "delivery_batches": 56},
-        {"idle_interval_ms": 0, "seconds": 60.0, "driver_cpu_s": 23.5,
+        {"idle_interval_ms": 1000, "stamp_idle_wait_ms": 500, "seconds": 60.0,
+         "driver_cpu_s": 14.5, "driver_cores": 0.242, "delivery_batches": 56},
+        {"idle_interval_ms": 0, "stamp_idle_wait_ms": 0, "seconds": 60.0, "driver_cpu_s": 23.5,
          "driver_cores": 0.392, "delivery_batches": 297},
     ]  # fmt: skip
     lines = table({"settings": SETTINGS, "workloads": {"idle": runs}}).splitlines()
     assert (
-        "idle, delivery.idle_interval 1000 ms: driver 0.242 of a core over 60.0 s, "
-        "56 delivery batches" in lines
+        "idle, delivery.idle_interval 1000 ms, stamp.idle_wait 500 ms: driver 0.242 of a core "
+        "over 60.0 s, 56 delivery batches" in lines
     )
-    assert "idle: driver CPU with holds / without: 0.62" in lines
+    assert "idle: driver CPU as configured / both off: 0.62" in lines
     assert _panels({"idle": runs}) == []
