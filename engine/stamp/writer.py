@@ -435,15 +435,19 @@ class _Warming:
         self._seen: SeenIds | None = None
         self._carried: list[tuple[np.ndarray, np.ndarray]] = []
         self._thread = threading.Thread(
-            target=self._read, args=(table, since), name="delayq-stamp-dedup", daemon=True
+            target=self._read,
+            args=(table, batch_id, since),
+            name="delayq-stamp-dedup",
+            daemon=True,
         )
         self._thread.start()
 
-    def _read(self, table: ArrowDelta, since: datetime) -> None:
+    def _read(self, table: ArrowDelta, batch_id: int, since: datetime) -> None:
         try:
-            self._seen = seen_ids(table, self.batch_id, since)
+            # (the batch it was started for: carry() moves `batch_id` on meanwhile)
+            self._seen = seen_ids(table, batch_id, since)
         except Exception as err:  # the batch reads them itself, and fails there if it must
-            log.warning("reading the taken ids ahead of batch %d: %s", self.batch_id, err)
+            log.warning("reading the taken ids ahead of batch %d: %s", batch_id, err)
 
     def done(self) -> bool:
         """Whether the reading has ended."""
