@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from engine.core.config import EngineConfig
 from engine.lakehouse.delta.arrow_delta import ArrowDelta
-from engine.lakehouse.storage.fs import list_files, read_text, stream_query_id
+from engine.lakehouse.storage.fs import read_text, spark_batches, stream_query_id
 from engine.lakehouse.storage.layout import layout
 
 #: The checkpoint of the ingest's Spark stream in earlier versions (under ``_checkpoints``).
@@ -37,10 +37,6 @@ def offset_app_id(topic: str, partition: int) -> str:
     return f"delayq-kafka-offset-{topic}-{partition}"
 
 
-def _batches(folder: str) -> list[int]:
-    return sorted(int(name) for name in list_files(folder) if name.isdigit())
-
-
 def stored_offsets(
     checkpoint: str, stored_batch: int | None = None
 ) -> dict[tuple[str, int], int] | None:
@@ -55,7 +51,7 @@ def stored_offsets(
         True
     """
     folder = checkpoint.rstrip("/")
-    committed = _batches(f"{folder}/commits")
+    committed = spark_batches(f"{folder}/commits")
     batch = committed[-1] if committed else None
     if (
         stored_batch is not None

@@ -106,8 +106,18 @@ def spark_next_batch(checkpoint: str) -> int:
         >>> spark_next_batch("/nowhere/at/all")
         0
     """
-    done = [int(name) for name in list_files(f"{checkpoint.rstrip('/')}/commits") if name.isdigit()]
-    return max(done) + 1 if done else 0
+    done = spark_batches(f"{checkpoint.rstrip('/')}/commits")
+    return done[-1] + 1 if done else 0
+
+
+def spark_batches(folder: str) -> list[int]:
+    """The batch ids a streaming query's ``offsets`` or ``commits`` folder holds, in order.
+
+    Example:
+        >>> spark_batches("/nowhere/at/all")
+        []
+    """
+    return sorted(int(name) for name in list_files(folder) if name.isdigit())
 
 
 def spark_offset(checkpoint: str, batch: int) -> dict[str, Any] | None:
