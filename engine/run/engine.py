@@ -66,6 +66,8 @@ log = logging.getLogger("delayq")
 
 STAMP_QUERY = "delayq-stamp"
 DELIVER_QUERY = "delayq-deliver"
+#: The thread that stamps and delivers on the driver while Spark starts the queries.
+FIRST_THREAD = "delayq-first"
 ERROR_BACKOFF_S = 10.0  # RocketMQ waits 10 s after a failed delivery attempt
 MAX_FAILED_ROUNDS = 30  # about 5 minutes of failures in a row stops the engine
 IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is pending
@@ -162,6 +164,7 @@ class Engine:
         self._listeners: list[RoundListener] = []
         self._loop: threading.Thread | None = None
         self._stamp_loop: threading.Thread | None = None
+        self._first: threading.Thread | None = None  # the first batches, while queries start
         self._loop_error: BaseException | None = None
         self._stopping = threading.Event()
         self._round = threading.Lock()  # held while a delivery round runs
@@ -487,18 +490,66 @@ class Engine:
 
     def start(self) -> None:
         """Start the stamping and delivery stages in the background."""
-        if any(t is not None and t.is_alive() for t in (self._loop, self._stamp_loop)):
+        if any(t is not None and t.is_alive() for t in (self._loop, self._stamp_loop, self._first)):
             raise RuntimeError("the engine is running: stop() it before starting it again")
         self.hold(keep=True)  # renewing from now: opening may take longer than the lease
         self.open()
         self._stopping.clear()
         self._loop_error = None
+        try:
+            first = self._plan_first()
+        except BaseException:
+            self.stop()  # (the heartbeat runs: release the lease, as a failed start must)
+            raise
         self._stamp_loop = threading.Thread(
             target=self._stamping_loop, name=STAMP_QUERY, daemon=True
         )
         self._stamp_loop.start()
         self._loop = threading.Thread(target=self._delivery_loop, name=DELIVER_QUERY, daemon=True)
         self._loop.start()
+        if first:
+            self._first = threading.Thread(
+                target=self._first_batches, name=FIRST_THREAD, daemon=True
+            )
+            self._first.start()
+
+    def _plan_first(self) -> bool:
+        """Claim the stamping query's first batch for :meth:`_first_batches`; whether one was.
+
+        Raises:
+            CheckpointError: the stamping log holds another range for that batch.
+        """
+        if not isinstance(self.stamper, StampQuery):
+            return False
+        try:
+            return bool(self.stamper.plan_first())
+        except (OSError, RetryableError) as err:  # (the query plans it itself)
+            log.warning("planning a first stamping batch on the driver: %s", err)
+            return False
+
+    def _first_batches(self) -> None:
+        """While Spark starts the queries (seconds): stamp the batch claimed for the stamping
+        query's first (:meth:`StampQuery.plan_first`) and run a delivery round, on the driver,
+        so what was sent before a start is delivered that much sooner. A failure here is the
+        queries' to meet again: their first batches run the same work."""
+        assert isinstance(self.stamper, StampQuery)
+        if self._stopping.is_set():
+            return
+        try:
+            if not self.stamper.stamp_first():
+                return  # the query stamped them first
+        except Exception as err:
+            log.warning("stamping before the query started: %s (the query stamps it)", err)
+            return
+        if self.cfg.delivery_mode != "streaming":
+            return  # (the driver thread's rounds run from the start)
+        with self._round:
+            if self._stopping.is_set():
+                return
+            try:
+                self._deliver()
+            except Exception as err:
+                log.warning("a delivery round before the query started: %s (it runs them)", err)
 
     def _fenced(self, err: FencedError) -> None:
         """Another engine took the lakehouse over: stop both stages, report the error."""
@@ -513,7 +564,7 @@ class Engine:
         self._stopping.set()
         if self._round.acquire(timeout=STOP_WAIT_S):  # no new round starts once stopping
             self._round.release()
-        for attr in ("_loop", "_stamp_loop"):
+        for attr in ("_first", "_loop", "_stamp_loop"):
             thread = getattr(self, attr)
             if thread is not None:
                 thread.join(timeout=STOP_WAIT_S)
@@ -522,9 +573,9 @@ class Engine:
         if self._heartbeat is not None:
             self._heartbeat.stop()
             self._heartbeat = None
-        if self._loop is None:
+        if self._loop is None and self._first is None:
             self.delivery.close()  # its Kafka producers: no round runs
-        if self._loop is None and self._stamp_loop is None:
+        if self._loop is None and self._stamp_loop is None and self._first is None:
             self.lease.release()  # nothing runs: the next engine may take over at once
 
     def wait_until_warm(

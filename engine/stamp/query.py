@@ -145,6 +145,11 @@ class CommitlogReader(QuietStreamReader):
         self.s3 = s3
         self._source: CommitlogSource | None = None
         self._idle = False  # the last look found nothing new
+        # A batch the driver stamped before the query started: Spark's batch from its start
+        # must end where the driver's did (StampQuery.prerun).
+        self.firsts: list[tuple[Position, dict[str, int]]] = [
+            (_position(f["start"]), f["end"]) for f in json.loads(options.get("first", "[]"))
+        ]
 
     def _commitlog(self) -> CommitlogSource:
         if self._source is None:
@@ -158,6 +163,9 @@ class CommitlogReader(QuietStreamReader):
     def latestOffset(self, start: dict[str, int], limit: ReadLimit) -> dict[str, int]:
         """The end of the next batch; after a look that found nothing, waits up to
         ``idle_wait_ms`` for a new version first (see ``stamp.idle_wait``)."""
+        for first, planned in self.firsts:
+            if _position(start) == first:
+                return dict(planned)
         source, position = self._commitlog(), _position(start)
         files, end = source.changes(position, self.max_files, self.max_bytes)
         if not files and self._idle and self.idle_wait > 0:
@@ -318,6 +326,10 @@ class StampQuery:
         self.error: BaseException | None = None  # what the last failed batch raised
         self._begin: QueryStart | None = None
         self._lock = threading.Lock()
+        self._firsts: list[StampPlan] = []  # claimed by plan_first for Spark's next batches
+        self._firsts_done: set[int] = set()  # ... those stamp_first (or the query) stamped
+        self._first_lock = threading.Lock()  # held while stamp_first runs
+        self._ran = 0  # batches Spark ran (a batch stamp_first did counts too)
 
     def has_state(self) -> bool:
         """Whether this lakehouse has been stamped before (by this query or the driver path)."""
@@ -347,6 +359,104 @@ class StampQuery:
         self._begin = begin
         return self
 
+    def plan_first(self) -> list[StampPlan]:
+        """Before the query starts (Spark takes seconds to start it), claim its next batch for
+        :meth:`stamp_first` to stamp on the driver meanwhile: messages sent before a restart
+        are then stamped at once. It is the batch Spark's next one will be, over the same
+        files: the range Spark planned for it before a crash, else the range claimed for it
+        by a start that stopped before Spark ran it, else the new files up to the budget.
+        Every start of the query plans a claimed batch's range exactly
+        (:meth:`_first_offsets`), and the query finds the batch done. Empty when there is
+        nothing to stamp, or the batch is for Spark tasks (over ``stamp.driver_batch_bytes``).
+
+        Raises:
+            CheckpointError: the stamping log holds another range for that batch.
+
+        Example:
+            >>> stamping.plan_first()  # doctest: +SKIP
+            [StampPlan(batch=42, start=Position(version=40, index=0), end=...)]
+        """
+        self.open()
+        start, batch = self._next_start()
+        logged = spark_offset(self.checkpoint, batch - self._first_batch())  # before a crash
+        claimed = self._claimed(batch)
+        if logged is not None:
+            end = _position(logged)
+        elif claimed is not None:
+            end = claimed.end  # (checked against the start by _claim)
+        else:
+            _, end = self.source.changes(start, self.cfg.stamp_max_files, self.cfg.stamp_max_bytes)
+        files = self.source.between(start, end)
+        if not files or sum(f.size for f in files) > self.cfg.stamp_driver_bytes:
+            return []
+        with self._lock:
+            if self.query is not None and self.query.isActive:
+                raise RuntimeError(f"{QUERY_NAME} is running: it plans its batches itself")
+            self.fence()
+            plan = StampPlan(batch, start, end)
+            self._claim(plan)
+            self._firsts, self._firsts_done = [plan], set()
+        self.writer.warm(batch)  # (read while the queries start)
+        return [plan]
+
+    def _first_batch(self) -> int:
+        assert self._begin is not None
+        return self._begin.first_batch
+
+    def _next_start(self) -> tuple[Position, int]:
+        """Where Spark's next batch starts in ``commitlog``, and its stamping batch."""
+        assert self._begin is not None
+        spark_batch = spark_next_batch(self.checkpoint)
+        start = self._begin.start
+        if spark_batch > 0:
+            start = _planned(self.checkpoint, spark_batch - 1)
+        return start, self._begin.first_batch + spark_batch
+
+    def _claimed(self, batch: int) -> StampPlan | None:
+        """The range the stamping log holds for ``batch``, if any."""
+        try:
+            rows = self.plans.read(batch)
+        except FileNotFoundError:
+            return None
+        return StampPlan.from_row(rows[0]) if rows else None
+
+    def stamp_first(self) -> list[BatchResult]:
+        """Stamp the batches :meth:`plan_first` claimed, on the driver (the query's run of
+        such a batch waits for it, then finds it done); what each did.
+
+        Example:
+            >>> [r.rows for r in stamping.stamp_first()]  # doctest: +SKIP
+            [1000]
+        """
+        results = []
+        for plan in self._firsts:
+            with self._first_lock:
+                if plan.batch in self._firsts_done:
+                    continue
+                started = time.monotonic()
+                self.fence()
+                files = self.source.between(plan.start, plan.end)
+                rows = self.source.read(files)
+                read = time.monotonic()
+                scheduled, quarantined = self.writer(rows, plan.batch)
+                self._firsts_done.add(plan.batch)
+            done = time.monotonic()
+            result = BatchResult(
+                plan.batch, rows.num_rows, scheduled, quarantined, len(files),
+                done - started, read - started, done - read, where="driver",
+            )  # fmt: skip
+            self._count(result)
+            results.append(result)
+        return results
+
+    def _count(self, result: BatchResult) -> None:
+        stats = self.stats
+        stats.batches += 1
+        stats.rows += result.rows
+        stats.scheduled += result.scheduled
+        stats.quarantined += result.quarantined
+        stats.recent.append(result)
+
     def _stream(self, available_now: bool = False) -> DataFrame:
         assert self._begin is not None
         # An idle look waits for the next commit (not with availableNow: it ends when idle).
@@ -363,47 +473,63 @@ class StampQuery:
             .option("tasks", str(self.spark.sparkContext.defaultParallelism))
             .option("idle_wait_ms", str(wait))
             .option("idle_poll_ms", str(poll))
+            .option("first", json.dumps(self._first_offsets()))
             .load()
         )
+
+    def _first_offsets(self) -> list[dict[str, dict[str, int]]]:
+        """The range claimed for Spark's next batch before Spark planned it (by
+        :meth:`plan_first`, in this process or one that stopped or died since): the source
+        must plan exactly it, whichever start of the query comes next."""
+        start, batch = self._next_start()
+        if spark_offset(self.checkpoint, batch - self._first_batch()) is not None:
+            return []  # Spark planned it: it runs that range again
+        claimed = self._claimed(batch)
+        if claimed is None or claimed.start != start:
+            return []  # (another start: _claim refuses what does not match)
+        return [{"start": _offset(claimed.start), "end": _offset(claimed.end)}]
 
     def _run(self, frame: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: stamp Spark's batch ``batch_id`` (stamping batch first + it)."""
         assert self._begin is not None
-        started = time.monotonic()
-        stamp_batch = self._begin.first_batch + batch_id
+        self._ran += 1
         try:
             self.fence()  # raises once another engine has taken the lakehouse over
             start, end = self._range(batch_id)
-            files = self.source.between(start, end)
-            if files:
-                self._claim(StampPlan(stamp_batch, start, end))
-            where = "executors"
-            if sum(f.size for f in files) <= self.cfg.stamp_driver_bytes:
-                where = "driver"  # small: read and written here, no Spark job (stamp.mode)
-                rows = self.source.read(files)
-                read = time.monotonic()
-                scheduled, quarantined = self.writer(rows, stamp_batch)
-                count = rows.num_rows
-            else:  # Spark tasks read, stamp and write the files; the driver commits them
-                read = started
-                scheduled, quarantined = stamp_on_executors(
-                    frame, self.writer, stamp_batch, self.fence
-                )
-                count = scheduled + quarantined
+            plan = StampPlan(self._begin.first_batch + batch_id, start, end)
+            if plan not in self._firsts:
+                self._batch(frame, plan)
+                return
+            with self._first_lock:  # (stamp_first may be stamping it: wait for it)
+                if plan.batch not in self._firsts_done:
+                    self._batch(frame, plan)
+                    self._firsts_done.add(plan.batch)
         except BaseException as err:
             self.error = err
             raise
+
+    def _batch(self, frame: DataFrame, plan: StampPlan) -> None:
+        started = time.monotonic()
+        files = self.source.between(plan.start, plan.end)
+        if files:
+            self._claim(plan)
+        where = "executors"
+        if sum(f.size for f in files) <= self.cfg.stamp_driver_bytes:
+            where = "driver"  # small: read and written here, no Spark job (stamp.mode)
+            rows = self.source.read(files)
+            read = time.monotonic()
+            scheduled, quarantined = self.writer(rows, plan.batch)
+            count = rows.num_rows
+        else:  # Spark tasks read, stamp and write the files; the driver commits them
+            read = started
+            scheduled, quarantined = stamp_on_executors(frame, self.writer, plan.batch, self.fence)
+            count = scheduled + quarantined
         done = time.monotonic()
         result = BatchResult(
-            stamp_batch, count, scheduled, quarantined, len(files), done - started,
+            plan.batch, count, scheduled, quarantined, len(files), done - started,
             read - started, done - read, where=where,
         )  # fmt: skip
-        stats = self.stats
-        stats.batches += 1
-        stats.rows += count
-        stats.scheduled += scheduled
-        stats.quarantined += quarantined
-        stats.recent.append(result)
+        self._count(result)
 
     def _claim(self, plan: StampPlan) -> None:
         """Record the batch's files in the stamping log under its number, put-if-absent, as
@@ -477,14 +603,14 @@ class StampQuery:
         """
         before = self.stats.rows
         while True:  # (Spark may run one batch per availableNow run of a Python source)
-            batches = self.stats.batches
+            ran = self._ran
             query = self._start(available_now=True)
             try:
                 query.awaitTermination()
             except Exception as err:
                 raise python_cause(self.error or err) from err
             self.stats.looks += 1
-            if self.stats.batches == batches:
+            if self._ran == ran:
                 return self.stats.rows - before
 
     def warm(self) -> bool:

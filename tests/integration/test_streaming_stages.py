@@ -31,6 +31,8 @@ from engine.lakehouse.catalog.session import (
 )
 from engine.lakehouse.delta.arrow_delta import ArrowDelta
 from engine.lakehouse.delta.tables import ensure_tables
+from engine.lakehouse.state.offset_log import OffsetLog
+from engine.lakehouse.storage.fs import spark_offset
 from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import DELIVER_QUERY, Engine
@@ -78,7 +80,8 @@ def test_the_query_goes_on_from_the_driver_path_and_a_replayed_batch_stores_noth
     it, storing nothing twice. Spark's checkpoint one step behind the tables (killed after
     the writes, before Spark's commit): the batch runs again, over the same files, and
     stores nothing twice. Its batch numbers go on from the driver path's, which then refuses
-    the lakehouse."""
+    the lakehouse. Spark's record of a batch lost altogether: the stamping log's gives the
+    batch its range back; another range held under its number is refused."""
     cfg: EngineConfig = make_cfg()
     lay, clock = layout(cfg), SystemClock()
     ensure_tables(spark, cfg)
@@ -137,17 +140,75 @@ def test_the_query_goes_on_from_the_driver_path_and_a_replayed_batch_stores_noth
         Stamper(spark, cfg, lay, clock).open()
 
     # Spark's record of the batch lost altogether (a power cut, a hand "repair") while more
-    # was sent: Spark plans the batch again over a wider range, which the stamping log
-    # refuses (the batch's number is held: the rows past its first range would be skipped).
-    _send(spark, cfg, "d")
+    # was sent: the stamping log's record of the batch gives Spark its range back, so the
+    # batch runs again over the same files (storing nothing twice) and the rest comes next.
+    more = _send(spark, cfg, "d")
     offsets = Path(lay.checkpoint("stamp-query")) / "offsets"
-    for lost in (offsets / str(last), offsets / f".{last}.crc"):
-        lost.unlink(missing_ok=True)
-    for lost in (commits / str(last), commits / f".{last}.crc"):
-        lost.unlink(missing_ok=True)
-    with pytest.raises(CheckpointError, match=f"stamping batch {driver_batch + 2} covers"):
+
+    def lose_sparks_record() -> None:
+        for folder in (offsets, commits):
+            for lost in (folder / str(last), folder / f".{last}.crc"):
+                lost.unlink(missing_ok=True)
+
+    lose_sparks_record()
+    assert StampQuery(spark, cfg, lay, clock).run_available() == 10  # again, and "d"
+    stamped = _stamped(spark, cfg)
+    assert [r for r in stamped if r[0] not in more] == rows
+    assert {b for m, b in stamped if m in more} == {driver_batch + 3}
+
+    # ... and when the stamping log holds another range for that number (a copy of another
+    # lakehouse's), Spark's new plan of it is refused: it would skip or repeat messages.
+    last = max(int(p.name) for p in commits.iterdir() if p.name.isdigit())
+    lose_sparks_record()
+    held = newest_plan(lay)
+    assert held is not None and held.batch == driver_batch + 3
+    other = dataclasses.replace(held, start=Position(held.start.version - 1, 0))
+    plans = OffsetLog(lay.checkpoint("stamp") + "/batches")
+    plans.write(held.batch, [other.row()])
+    with pytest.raises(CheckpointError, match=f"stamping batch {driver_batch + 3} covers"):
         StampQuery(spark, cfg, lay, clock).run_available()
-    assert _stamped(spark, cfg) == rows
+    assert _stamped(spark, cfg) == stamped
+
+
+def test_a_start_stamps_what_waits_while_the_query_starts_and_the_query_finds_it_done(
+    spark: SparkSession, make_cfg: Any
+) -> None:
+    """What was sent while the engine was stopped is stamped on the driver while Spark starts
+    the query, as the batch the query's next one will be (``plan_first``, ``stamp_first``).
+    A start that claimed the batch and died, or stamped it and stopped before Spark ran it,
+    is followed by one that claims that same range (what was sent since is not added to
+    it); the query then plans exactly that range, finds it done, and stamps the rest in the
+    next batch: every message once."""
+    cfg: EngineConfig = make_cfg()
+    lay, clock = layout(cfg), SystemClock()
+    ensure_tables(spark, cfg)
+    first = _send(spark, cfg, "a")
+    assert Stamper(spark, cfg, lay, clock).run_available() == 5  # the driver path, before
+    waiting = _send(spark, cfg, "w")
+    died = StampQuery(spark, cfg, lay, clock).plan_first()  # ... and the process died
+    assert len(died) == 1
+    b = died[0].batch
+    later = _send(spark, cfg, "l")
+
+    stopped = StampQuery(spark, cfg, lay, clock)
+    assert stopped.plan_first() == died  # the claimed range, nothing added to it
+    assert [(r.batch, r.rows, r.where) for r in stopped.stamp_first()] == [(b, 5, "driver")]
+    assert stopped.stamp_first() == []  # (once) ... and it stopped before Spark ran it
+    last = _send(spark, cfg, "z")
+    restarted = StampQuery(spark, cfg, lay, clock)
+    assert restarted.plan_first() == died  # Spark has not planned it: the same claim
+    restarted.stamp_first()  # (stores nothing twice)
+    assert restarted.run_available() == 10  # Spark's batch 0 was done: later + last
+
+    rows = _stamped(spark, cfg)
+    assert sorted(m for m, _ in rows) == sorted(first + waiting + later + last)  # each once
+    assert {n for m, n in rows if m in waiting} == {b}
+    assert {n for m, n in rows if m in later + last} == {b + 1}
+    end = died[0].end  # Spark planned the claimed range for its batch 0
+    assert spark_offset(lay.checkpoint("stamp-query"), 0) == {
+        "version": end.version,
+        "index": end.index,
+    }
 
 
 def test_executors_stamp_and_write_a_batch_as_the_driver_path_does(

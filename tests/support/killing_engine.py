@@ -37,6 +37,7 @@ import itertools
 import os
 import signal
 import sys
+import threading
 import uuid
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any
@@ -46,6 +47,7 @@ from engine.deliver.kafka_sink import TransactionalKafkaSink
 from engine.deliver.round import Delivery
 from engine.deliver.sinks import DeltaTopicSink
 from engine.lakehouse.state.offset_log import OffsetLog
+from engine.run.engine import FIRST_THREAD, Engine
 from engine.stamp.query import StampQuery
 from engine.stamp.writer import StampWriter
 
@@ -75,6 +77,25 @@ def die(point: str, **where: object) -> None:
 def arm(point: str, nth: int) -> None:
     """Wrap the engine's classes so that the process dies the ``nth`` time ``point`` is hit."""
     seen = itertools.count(1)
+
+    first_round = threading.Event()  # the round a start runs while the queries start
+
+    def in_query() -> bool:
+        # (the rounds points are about a round in the delivery query's micro-batch; the
+        # first round holds the engine's round lock, so none of the query's runs meanwhile,
+        # and its topic commits run in a pool's threads)
+        return not first_round.is_set()
+
+    engine_deliver = Engine._deliver
+
+    def deliver(self: Engine, *args: Any, **kwargs: Any) -> Any:
+        if threading.current_thread().name != FIRST_THREAD:
+            return engine_deliver(self, *args, **kwargs)
+        first_round.set()
+        try:
+            return engine_deliver(self, *args, **kwargs)
+        finally:
+            first_round.clear()
 
     def reached(**where: object) -> None:
         if next(seen) == nth:
@@ -116,7 +137,7 @@ def arm(point: str, nth: int) -> None:
         offset_write(self, round_, rows, planned, exclusive)
         if point == "plan" and planned:
             reached(round=round_)
-        if point == "round-committed" and progress:
+        if point == "round-committed" and progress and in_query():
             reached(round=round_)
 
     stamp_append: Callable[..., None] = StampWriter._append
@@ -149,7 +170,7 @@ def arm(point: str, nth: int) -> None:
     commit_files = DeltaTopicSink.commit_files
 
     def commit_written(self: DeltaTopicSink, round_: int, table: str, *args: Any) -> None:
-        if point == "round-tasks-written":
+        if point == "round-tasks-written" and in_query():
             reached(round=round_, table=table)
         commit_files(self, round_, table, *args)
 
@@ -169,6 +190,7 @@ def arm(point: str, nth: int) -> None:
         if point == "kafka-committed" and rows.num_rows:
             reached(round=round_, table=table)
 
+    Engine._deliver = deliver  # type: ignore[method-assign]
     Delivery._apply_commands = commands_applied  # type: ignore[method-assign]
     TransactionalKafkaSink.write = kafka_written  # type: ignore[method-assign]
     DeltaTopicSink.commit_files = commit_written  # type: ignore[method-assign]
