@@ -58,7 +58,7 @@ from engine.lakehouse.delta.delta_log import check_tables_keep_txn
 from engine.lakehouse.delta.tables import ensure_tables
 from engine.lakehouse.state.lease import Heartbeat, Lease
 from engine.lakehouse.storage.layout import layout
-from engine.run.failures import retry_or_stop
+from engine.run.failures import is_transient, retry_or_stop
 from engine.stamp.query import StampQuery
 from engine.stamp.stamper import Stamper
 
@@ -521,11 +521,18 @@ class Engine:
         """
         if not isinstance(self.stamper, StampQuery):
             return False
+        before = self.lease.before
+        if before is not None and before.may_still_run():
+            # A stalled engine's query may yet plan that batch in Spark's log (its batches
+            # are fenced, its plans are not): only the query plans, as Spark's log says.
+            return False
         try:
             return bool(self.stamper.plan_first())
-        except (OSError, RetryableError) as err:  # (the query plans it itself)
+        except Exception as err:
+            if not is_transient(err):
+                raise
             log.warning("planning a first stamping batch on the driver: %s", err)
-            return False
+            return False  # (the query plans it, and retries what fails again)
 
     def _first_batches(self) -> None:
         """While Spark starts the queries (seconds): stamp the batch claimed for the stamping

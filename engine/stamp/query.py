@@ -577,9 +577,14 @@ class StampQuery:
             if self.query is not None and self.query.isActive:
                 raise RuntimeError(f"{QUERY_NAME} is running")
             self.error = None
-            # The taken ids, read while Spark starts the query (seconds with millions).
+            # The taken ids, read while Spark starts the query (seconds with millions),
+            # unless stamp_first runs: it reads them, or waits for plan_first's reading.
             assert self._begin is not None
-            self.writer.warm(self._begin.first_batch + spark_next_batch(self.checkpoint))
+            if self._first_lock.acquire(blocking=False):
+                try:
+                    self.writer.warm(self._begin.first_batch + spark_next_batch(self.checkpoint))
+                finally:
+                    self._first_lock.release()
             writer = (
                 self._stream(available_now)
                 .writeStream.queryName(QUERY_NAME)

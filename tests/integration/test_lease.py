@@ -52,6 +52,9 @@ def test_a_held_lakehouse_is_refused_naming_the_holder_until_its_lease_runs_out(
     clock.advance(seconds=2)  # 16 s without a renewal: the lease has run out
     assert lease.acquire().epoch == 2
     assert lease.holder().host != "other-host"  # type: ignore[union-attr]
+    # ... but that engine may only be stalled: the new one's start plans nothing of its own
+    # ahead of the stamping query (a stalled query may yet write its plan to Spark's log)
+    assert lease.before is not None and lease.before.may_still_run()
 
 
 def test_a_standby_takes_over_when_the_holder_releases(
@@ -69,6 +72,7 @@ def test_a_standby_takes_over_when_the_holder_releases(
     write_text(beat, json.dumps({"renewed_ms": _ms(clock), "released": True}))  # a clean stop
     waiter.join(10)
     assert taken == [2]
+    assert standby.before is not None and not standby.before.may_still_run()  # it stopped
 
 
 def test_a_standby_gives_up_when_told_to_stop(spark: SparkSession, cfg: EngineConfig) -> None:

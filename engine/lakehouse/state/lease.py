@@ -99,9 +99,22 @@ class Holder:
         """
         if self.released or now_ms - self.renewed_ms > self.timeout_ms:
             return True
+        return not self.may_still_run()
+
+    def may_still_run(self) -> bool:
+        """Whether the engine that made this claim may still be running (a stalled one, past
+        its lease): it did not release it, and its process is on another machine or still
+        alive on this one.
+
+        Example:
+            >>> Holder(1, "e", "h", 0, 0, 1_000, 15_000, released=True).may_still_run()
+            False
+        """
+        if self.released:
+            return False
         if self.machine != machine_key():
-            return False  # another machine: only its renewals tell
-        return not alive(self.pid) or started(self.pid) != self.pid_start
+            return True  # another machine: only its renewals tell
+        return alive(self.pid) and started(self.pid) == self.pid_start
 
     def describe(self, now_ms: int) -> str:
         """``host H, pid P, since <UTC time> (epoch E, renewed 1.2 s ago)``.
@@ -157,6 +170,8 @@ class Lease:
         self.clock = clock
         self.timeout_ms = timeout_ms
         self.mine: Holder | None = None
+        #: The claim this engine took over from (``None``: a new lakehouse).
+        self.before: Holder | None = None
         self._lock = threading.Lock()
 
     def _now_ms(self) -> int:
@@ -219,7 +234,7 @@ class Lease:
                 )  # fmt: skip
                 claimed = put_if_absent(self._claim_path(epoch), _json(mine))
                 if claimed and self.epochs()[-1] == epoch:
-                    self.mine = mine
+                    self.mine, self.before = mine, current
                     self._tidy(epoch)
                     if current is not None and not current.released:
                         log.warning("took the lakehouse over from %s", current.describe(now))
