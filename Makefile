@@ -31,20 +31,20 @@ KAFKA_HOME := .kafka
 CLUSTER_HOME := .cluster
 S3_HOME   := .s3
 
-.PHONY: help setup venv jars kafka-jars kafka-up kafka-down s3-jars s3-up s3-down s3-status cluster-up cluster-down cluster-status ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports clean distclean
+.PHONY: help setup venv jars kafka-jars kafka-up kafka-down s3-jars s3-up s3-down s3-status cluster-up cluster-down cluster-status ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports docs docs-serve clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
 setup: venv jars kafka-jars s3-jars ## Install the Python environment and fetch the JVM jars
 
-venv: $(VENV)/.installed $(VENV)/.spark-launcher ## Create .venv and install the package with its test extras
+venv: $(VENV)/.installed $(VENV)/.spark-launcher ## Create .venv and install the package with its test and docs extras
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11 (e.g. pyenv install 3.11)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
-	$(BIN)/python -m pip install -q -e '.[test]'
+	$(BIN)/python -m pip install -q -e '.[test,docs]'
 	@touch $@
 
 # PySpark's find-spark-home asks the python3 on PATH where PySpark is: without the venv
@@ -188,8 +188,14 @@ typecheck: venv ## mypy (strict) over engine, schemas and jobs
 imports: venv ## The layout's import contracts (pyproject.toml [tool.importlinter])
 	$(BIN)/lint-imports
 
+docs: venv ## Build the docs site into site/ (strict: a broken link or missing page fails)
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --config-file docs/mkdocs.yml --site-dir $(abspath site)
+
+docs-serve: venv ## Serve the docs site at http://127.0.0.1:8000, rebuilt as pages change
+	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --config-file docs/mkdocs.yml --dev-addr 127.0.0.1:8000
+
 clean: ## Remove the local lakehouse and test leftovers (keeps .venv and .jars)
-	rm -rf lakehouse spark-warehouse metastore_db derby.log .pytest_cache .mypy_cache .ruff_cache
+	rm -rf lakehouse spark-warehouse metastore_db derby.log site .pytest_cache .mypy_cache .ruff_cache
 
 distclean: clean ## Also remove .venv, .jars, .kafka, .s3 and .cluster (stop them first: make kafka-down s3-down cluster-down)
 	rm -rf $(VENV) $(JARS) $(KAFKA_HOME) $(S3_HOME) $(CLUSTER_HOME)

@@ -47,7 +47,13 @@ DEMO_TOPICS = ("orders", "notifications")
 DEMO_MAX_LEVEL = 4  # 30 s with the default table: the demo ends within a minute
 
 
-def _parser() -> argparse.ArgumentParser:
+def build_parser() -> argparse.ArgumentParser:
+    """The `delayq` command line: every command, its options and their help.
+
+    Example:
+        >>> build_parser().prog
+        'delayq'
+    """
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--conf", metavar="FILE", help="TOML config (default conf/engine.toml)")
     common.add_argument(
@@ -904,7 +910,7 @@ def console() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``delayq``; returns the process exit code."""
     raw = list(sys.argv[1:] if argv is None else argv)
-    args = _parser().parse_args(raw)
+    args = build_parser().parse_args(raw)
     log_file = setup_logging("delayq")
     return run_main("delayq", lambda: _dispatch(args, raw), log_file)
 
@@ -1054,7 +1060,7 @@ def run_here(
             return run_here(argv, stdin, files, who)
     with captured(stdin, files, who) as (out, err):
         try:
-            args = _parser().parse_args(argv)
+            args = build_parser().parse_args(argv)
         except SystemExit as stop:  # argparse: a usage error or --help
             code = stop.code if isinstance(stop.code, int) else 2
             return code, out.getvalue(), err.getvalue()

@@ -48,6 +48,7 @@ MAX_BATCH_RECORDS = 10_000_000
 
 
 def _positive_int(key: str, value: object) -> int:
+    """A whole number, at least 1."""
     try:
         number = int(str(value))
     except ValueError:
@@ -58,6 +59,7 @@ def _positive_int(key: str, value: object) -> int:
 
 
 def _batch_records(key: str, value: object) -> int:
+    """A whole number, 1 to 10,000,000."""
     number = _positive_int(key, value)
     if number > MAX_BATCH_RECORDS:
         raise ConfigError(key, value, f"must be at most {MAX_BATCH_RECORDS:,}")
@@ -65,6 +67,7 @@ def _batch_records(key: str, value: object) -> int:
 
 
 def _port(key: str, value: object) -> int:
+    """A port number (0: any free port)."""
     try:
         number = int(str(value))
     except ValueError:
@@ -75,6 +78,7 @@ def _port(key: str, value: object) -> int:
 
 
 def _property_name_limit(key: str, value: object) -> int:
+    """A whole number, at least 32."""
     # The engine's own property names (ORIGIN_MESSAGE_ID, KAFKA_PARTITION...) must fit.
     number = _positive_int(key, value)
     if number < MIN_PROPERTY_NAME:
@@ -83,6 +87,7 @@ def _property_name_limit(key: str, value: object) -> int:
 
 
 def _duration(key: str, value: object) -> int:
+    """A duration with its unit (`ms s m h d`), above 0."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         raise ConfigError(key, value, "give a unit, e.g. '200ms' or '5s'")
     ms = parse_duration_ms(str(value), key)
@@ -92,6 +97,7 @@ def _duration(key: str, value: object) -> int:
 
 
 def _duration_or_off(key: str, value: object) -> int:
+    """A duration with its unit (`ms s m h d`), or `off` (or `0`)."""
     # "0", "off" or any zero duration ("0s") turns the feature off.
     text = str(value).strip().lower()
     if text in {"0", "off"} or (text[:1] == "0" and parse_duration_ms(text, key) == 0):
@@ -100,15 +106,28 @@ def _duration_or_off(key: str, value: object) -> int:
 
 
 def _text(key: str, value: object) -> str:
+    """Text, not empty."""
     text = str(value).strip()
     if not text:
         raise ConfigError(key, value, "must not be empty")
     return text
 
 
+def _optional_text(key: str, value: object) -> str:
+    """Text, or empty."""
+    return str(value).strip()
+
+
+def _levels(key: str, value: object) -> LevelTable:
+    """Delays separated by spaces, level 1 first (units `ms s m h d`)."""
+    return parse_levels(str(value), key)
+
+
 def _lakehouse(key: str, value: object) -> str:
-    """A local folder (``file:`` URIs, with no host or ``localhost``, become their path) or
-    an S3 location, as ``s3a://bucket/prefix`` (``s3://`` is taken too)."""
+    """A local folder, a `file:///` URI or `s3a://bucket/prefix`.
+
+    ``file:`` URIs with no host or ``localhost`` become their path; ``s3://`` is taken as
+    ``s3a://``."""
     text = _text(key, value)
     scheme = _SCHEME.match(text)
     if scheme is None:
@@ -136,7 +155,7 @@ def _lakehouse(key: str, value: object) -> str:
 
 
 def _endpoint(key: str, value: object) -> str:
-    """An S3 endpoint URL, or empty (AWS's own, or ``AWS_ENDPOINT_URL``)."""
+    """`http(s)://host[:port]`, or empty (AWS's own, or ``AWS_ENDPOINT_URL``)."""
     text = str(value).strip().rstrip("/")
     if text and not re.match(r"^https?://[^/\s]+$", text):
         raise ConfigError(key, value, "expected http(s)://host[:port], or empty")
@@ -144,6 +163,7 @@ def _endpoint(key: str, value: object) -> str:
 
 
 def _identifier(key: str, value: object) -> str:
+    """A SQL identifier (letters, digits, `_`)."""
     text = str(value)
     if not _IDENT.match(text):
         raise ConfigError(key, value, "must be a SQL identifier: letters, digits, _")
@@ -151,6 +171,7 @@ def _identifier(key: str, value: object) -> str:
 
 
 def _bool(key: str, value: object) -> bool:
+    """`true` or `false`."""
     if isinstance(value, bool):
         return value
     text = str(value).strip().lower()
@@ -195,6 +216,7 @@ class GroupConfig:
 
 
 def _retry_delays(key: str, value: object) -> tuple[int, ...] | None:
+    """`levels`, or delays such as `1s 5s 30s`."""
     text = str(value).strip()
     if text.lower() in ("", "levels"):
         return None
@@ -202,12 +224,14 @@ def _retry_delays(key: str, value: object) -> tuple[int, ...] | None:
 
 
 def _timeout(key: str, value: object) -> int:
+    """A duration with its unit (`ms s m h d`)."""
     if isinstance(value, int | float) and not isinstance(value, bool):
         raise ConfigError(key, value, "give a unit, e.g. '15s'")
     return parse_duration_ms(str(value), key)
 
 
 def _non_negative_int(key: str, value: object) -> int:
+    """A whole number, 0 or more."""
     try:
         number = int(str(value))
     except ValueError:
@@ -218,7 +242,7 @@ def _non_negative_int(key: str, value: object) -> int:
 
 
 #: ``consumers.<setting>`` (every group) and ``consumers.groups.<group>.<setting>``.
-_GROUP_KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
+GROUP_KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "max_reconsume_times": ("max_reconsume_times", _non_negative_int),
     "retry_delays": ("retry_delays", _retry_delays),
     "poll_timeout": ("poll_timeout_ms", _timeout),
@@ -244,11 +268,14 @@ def _choice(*allowed: str) -> Callable[[str, object], str]:
             raise ConfigError(key, value, f"expected one of {', '.join(allowed)}")
         return text
 
+    parse.__doc__ = f"One of {', '.join(f'`{a}`' for a in allowed)}."
     return parse
 
 
 def _topic_map(key: str, value: object) -> Mapping[str, str]:
-    """``"in_a=orders, in_b=audit"`` -> ``{"in_a": "orders", "in_b": "audit"}``."""
+    """`kafka_topic=real_topic` pairs, separated by commas or spaces.
+
+    ``"in_a=orders, in_b=audit"`` -> ``{"in_a": "orders", "in_b": "audit"}``."""
     pairs: dict[str, str] = {}
     for item in str(value).replace(",", " ").split():
         source, sep, target = item.partition("=")
@@ -259,6 +286,7 @@ def _topic_map(key: str, value: object) -> Mapping[str, str]:
 
 
 def _names(key: str, value: object) -> tuple[str, ...]:
+    """Names, separated by commas or spaces."""
     names = tuple(n for n in str(value).replace(",", " ").split() if n)
     if not names:
         raise ConfigError(key, value, "name at least one topic")
@@ -266,15 +294,15 @@ def _names(key: str, value: object) -> tuple[str, ...]:
 
 
 # key -> (attribute, parser). The defaults live on the dataclass fields below.
-_KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
+KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "lakehouse.path": ("lakehouse", _lakehouse),
     "storage.s3.endpoint": ("s3_endpoint", _endpoint),
-    "storage.s3.region": ("s3_region", lambda _k, v: str(v).strip()),
-    "storage.s3.access_key": ("s3_access_key", lambda _k, v: str(v).strip()),
-    "storage.s3.secret_key": ("s3_secret_key", lambda _k, v: str(v).strip()),
+    "storage.s3.region": ("s3_region", _optional_text),
+    "storage.s3.access_key": ("s3_access_key", _optional_text),
+    "storage.s3.secret_key": ("s3_secret_key", _optional_text),
     "storage.s3.path_style": ("s3_path_style", _bool),
     "lakehouse.database": ("database", _identifier),
-    "levels.delays": ("levels", lambda k, v: parse_levels(str(v), k)),
+    "levels.delays": ("levels", _levels),
     "messages.max_body_bytes": ("max_body_bytes", _positive_int),
     "messages.allow_empty_body": ("allow_empty_body", _bool),
     "messages.max_property_name_length": ("max_property_name", _property_name_limit),
@@ -620,10 +648,10 @@ class EngineConfig:
                 topic = _identifier(key, key.removeprefix("kafka.sinks.")).lower()
                 sinks[topic] = _choice(*SINKS)(key, value)
                 continue
-            if key not in _KEYS:
-                known = ", ".join(sorted([*_KEYS, *(f"consumers.{k}" for k in _GROUP_KEYS)]))
+            if key not in KEYS:
+                known = ", ".join(sorted([*KEYS, *(f"consumers.{k}" for k in GROUP_KEYS)]))
                 raise ConfigError(key, value, f"unknown key; known keys: {known}")
-            attr, parse = _KEYS[key]
+            attr, parse = KEYS[key]
             values[attr] = parse(key, value)
         consumers = GroupConfig(**defaults)
         return cls(
@@ -675,25 +703,25 @@ def _group_setting(
     key: str, value: object, defaults: dict[str, Any], groups: dict[str, dict[str, Any]]
 ) -> None:
     parts = key.split(".")
-    if len(parts) == 2 and parts[1] in _GROUP_KEYS:
-        attr, parse = _GROUP_KEYS[parts[1]]
+    if len(parts) == 2 and parts[1] in GROUP_KEYS:
+        attr, parse = GROUP_KEYS[parts[1]]
         defaults[attr] = parse(key, value)
         return
-    if len(parts) == 4 and parts[1] == "groups" and parts[3] in _GROUP_KEYS:
-        attr, parse = _GROUP_KEYS[parts[3]]
+    if len(parts) == 4 and parts[1] == "groups" and parts[3] in GROUP_KEYS:
+        attr, parse = GROUP_KEYS[parts[3]]
         # group names ignore case (engine.core.topics.check_group)
         groups.setdefault(_identifier(key, parts[2]).lower(), {})[attr] = parse(key, value)
         return
-    known = ", ".join(f"consumers[.groups.<group>].{k}" for k in _GROUP_KEYS)
+    known = ", ".join(f"consumers[.groups.<group>].{k}" for k in GROUP_KEYS)
     raise ConfigError(key, value, f"unknown key; known consumer keys: {known}")
 
 
-def _flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
+def flatten(tree: Mapping[str, Any], prefix: str = "") -> dict[str, object]:
     flat: dict[str, object] = {}
     for key, value in tree.items():
         dotted = f"{prefix}{key}"
         if isinstance(value, Mapping):
-            flat.update(_flatten(value, f"{dotted}."))
+            flat.update(flatten(value, f"{dotted}."))
         else:
             flat[dotted] = value
     return flat
@@ -727,6 +755,6 @@ def load_config(
         raise ConfigError("conf", str(chosen), "file not found") from None
     except tomllib.TOMLDecodeError as err:
         raise ConfigError("conf", str(chosen), f"not valid TOML: {err}") from None
-    settings = _flatten(tree)
+    settings = flatten(tree)
     settings.update(overrides or {})
     return EngineConfig.from_mapping(settings)
