@@ -8,8 +8,10 @@ A round ``k`` reads one ``schedule`` snapshot (version ``V_k``) and looks at the
 only, the rows stamped since then that are not due yet. Both reads are Arrow scans of the
 snapshot's files (:mod:`engine.lakehouse.delta.arrow_delta`); each file's Delta statistics skip the
 files that cannot match, so a round's reads stay proportional to new and due rows however
-many rows wait far ahead. The same snapshot and bounds give the same rows, which is what a
-replayed round relies on.
+many rows wait far ahead. A file whose statistics show every row stamped since the last
+round and not due yet is counted from them (:func:`counted_summary`), not read: millions of
+timers stamped while no round ran (a restart) cost the first round nothing. The same
+snapshot and bounds give the same rows, which is what a replayed round relies on.
 
 Example:
     >>> window = Window(after=w_prev, until=w_now, stamped_after=41)  # doctest: +SKIP
@@ -55,6 +57,35 @@ class Window:
     stamped_after: int
     batches: tuple[int | None, int | None] | None = None
     written: tuple[datetime, int] | None = None
+    #: Files :meth:`counted` accepts are counted from their statistics, not read.
+    by_stats: bool = False
+
+    def counted(self, f: DataFile) -> bool:
+        """Whether ``f``'s statistics show that every row of it is stamped since the last
+        round and not due in this one (rows :meth:`new_not_due` would read only to count
+        them): with :attr:`by_stats`, :func:`counted_summary` counts them instead.
+
+        Example:
+            >>> from engine.core.clock import from_micros as us
+            >>> f = DataFile("f", {"queue_id": 1}, 2, {"deliver_ts": 9, "stamp_batch": 5},
+            ...              {"deliver_ts": 9, "stamp_batch": 5},
+            ...              nulls={"deliver_ts": 0, "stamp_batch": 0})
+            >>> Window(us(0), us(8), 4, by_stats=True).counted(f)
+            True
+        """
+        if not self.by_stats or self.batches is not None or f.rows is None:
+            return False
+        if f.partition.get("queue_id") is None or f.max("stamp_batch") is None:
+            return False
+        if any(f.nulls.get(c) != 0 for c in WINDOW_STATS):
+            return False  # (a null compares as neither: such rows are not counted)
+        low, bottom = f.min("deliver_ts"), f.min("stamp_batch")
+        return (
+            low is not None
+            and bottom is not None
+            and low > to_micros(self.until)
+            and bottom > self.stamped_after
+        )
 
     def due(self) -> ds.Expression:
         """Rows this round delivers (before cancels and reschedules take theirs out)."""
@@ -74,6 +105,8 @@ class Window:
     def may_hold(self, f: DataFile) -> bool:
         """Whether a ``schedule`` file's statistics allow rows :meth:`due` or
         :meth:`new_not_due` would read (unknown statistics allow anything)."""
+        if self.counted(f):
+            return False  # (counted from its statistics)
         low, high, top = f.min("deliver_ts"), f.max("deliver_ts"), f.max("stamp_batch")
         if self.batches is not None:
             # (rows not due yet count only above stamped_after, which is at least ``low``
@@ -165,6 +198,36 @@ def read_candidates(
     )
     deliver = due.filter(pc.invert(is_removed))
     return Candidates(deliver, summary, len(fragments), rows_read)
+
+
+def counted_summary(files: Iterable[DataFile], window: Window) -> list[dict[str, Any]]:
+    """The summary entries of the files ``window`` counts from their statistics
+    (:meth:`Window.counted`): per queue, the rows and the highest stamping batch. They are
+    not due, so no topic or deliver time is needed (``None``).
+
+    Example:
+        >>> from engine.core.clock import from_micros as us
+        >>> f = DataFile("f", {"queue_id": 1}, 2, {"deliver_ts": 9, "stamp_batch": 5},
+        ...              {"deliver_ts": 9, "stamp_batch": 5},
+        ...              nulls={"deliver_ts": 0, "stamp_batch": 0})
+        >>> counted_summary([f, f], Window(us(0), us(8), 4, by_stats=True))[0]["n"]
+        4
+    """
+    per_queue: dict[int, dict[str, Any]] = {}
+    for f in files:
+        if not window.counted(f):
+            continue
+        queue, rows, top = int(f.partition["queue_id"]), f.rows or 0, f.max("stamp_batch") or 0
+        entry = per_queue.setdefault(
+            queue,
+            {
+                "topic": None, "queue_id": queue, "_due": False, "_new": True,
+                "_removed": False, "n": 0, "max_batch": top, "max_deliver_ms": None,
+            },
+        )  # fmt: skip
+        entry["n"] += rows
+        entry["max_batch"] = max(entry["max_batch"], top)
+    return list(per_queue.values())
 
 
 def removed_mask(rows: pa.Table, removed: Iterable[tuple[str, int]]) -> pa.ChunkedArray | pa.Array:
@@ -282,6 +345,7 @@ __all__ = [
     "WINDOW_STATS",
     "Candidates",
     "Window",
+    "counted_summary",
     "read_candidates",
     "removed_marks",
     "removed_mask",

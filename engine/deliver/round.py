@@ -89,6 +89,7 @@ from engine.deliver.due import (
     WINDOW_STATS,
     Candidates,
     Window,
+    counted_summary,
     read_candidates,
     removed_marks,
     to_topic_rows,
@@ -357,7 +358,7 @@ class Delivery:
         if resolution is not None:
             ahead = None  # (its files cannot show what the commands decide: written again)
         self._time("plan")
-        window = Window(prev.watermark, plan.watermark, prev.stamp_batch)
+        window = Window(prev.watermark, plan.watermark, prev.stamp_batch, by_stats=True)
         if not window.follows(self._retired):
             self._schedule.reset()  # files retired for a later progress may hold rows
         removed = self._removed(prev, plan, resolution)
@@ -372,6 +373,10 @@ class Delivery:
                 window,
                 removed,
             )
+        # The files no path above read: every row new and not due, counted from statistics.
+        counted = counted_summary(self._schedule.files(plan.schedule_version), window)
+        if counted:
+            found = dataclasses.replace(found, summary=found.summary + counted)
         return self._deliver(prev, plan, resolution, found, replayed, started, written)
 
     # ------------------------------------------------------------- rounds written ahead

@@ -7,6 +7,7 @@ import json
 import random
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -19,6 +20,7 @@ from engine.deliver.ahead import ahead_round, mass_due
 from engine.deliver.due import (
     WINDOW_STATS,
     Window,
+    counted_summary,
     read_candidates,
     removed_marks,
     to_topic_rows,
@@ -327,3 +329,59 @@ def test_a_mass_due_at_one_instant_is_found_between_soonest_and_horizon() -> Non
     assert mass_due(others, now_us=0, rows_over=60) == (11_999_999, 12_001_000)
     assert mass_due(spike + others, now_us=0, rows_over=100) is None
     assert ahead_round(41, T0 + timedelta(seconds=10), T0, 200) == 242
+
+
+def test_files_of_new_rows_not_yet_due_are_counted_from_statistics_as_reading_counts_them(
+    tmp_path: Path,
+) -> None:
+    """Timers stamped while no round ran (a restart's millions): a file whose statistics
+    show every row stamped since the last round and not due is counted from them instead of
+    read. Per queue, the counts and the highest batch are what reading every file gives; a
+    file with a row due, an older row, or a null time is still read."""
+    path = tmp_path / "schedule"
+    far = T0 + timedelta(days=2)
+
+    def write(rows: list[tuple[str, datetime | None, int, int]]) -> None:
+        write_deltalake(
+            str(path),
+            pa.table(
+                {
+                    "msg_id": [m for m, _, _, _ in rows],
+                    "topic": ["orders"] * len(rows),
+                    "queue_id": pa.array([q for _, _, _, q in rows], pa.int32()),
+                    "deliver_ts": pa.array([d for _, d, _, _ in rows], TS),
+                    "stamp_batch": pa.array([b for _, _, b, _ in rows], pa.int64()),
+                    "revision": pa.array([None] * len(rows), pa.int32()),
+                }
+            ),
+            mode="append",
+            partition_by=["queue_id"],
+        )
+
+    write([("old", T0 - timedelta(seconds=1), 1, 1)])
+    write([(f"far{i}", far, 5, 2) for i in range(50)])
+    write([(f"far-b{i}", far + timedelta(hours=i), 6, 3) for i in range(30)])
+    write([("due", T0 + timedelta(milliseconds=10), 6, 1), ("with it", far, 6, 1)])
+    write([("no time", None, 6, 2), ("beside it", far, 6, 2)])
+    write([("stamped before", far, 4, 2)])
+    table, live = ArrowDelta(str(path)), LiveFiles(str(path), stats=WINDOW_STATS)
+    version = table.latest()
+    plain = Window(T0, T0 + timedelta(seconds=1), 4)
+    whole = read_candidates(table.dataset(version), plain)
+    window = dataclasses.replace(plain, by_stats=True)
+    kept = read_candidates(live.dataset(version, keep=window.may_hold), window)
+    counted = counted_summary(live.files(version), window)
+
+    def not_due(summary: list[dict[str, Any]]) -> dict[int, int]:
+        out: dict[int, int] = {}
+        for r in summary:
+            if not r["_due"]:
+                out[r["queue_id"]] = out.get(r["queue_id"], 0) + r["n"]
+        return out
+
+    assert kept.deliver["msg_id"].to_pylist() == whole.deliver["msg_id"].to_pylist() == ["due"]
+    assert not_due(kept.summary + counted) == not_due(whole.summary) == {1: 1, 2: 51, 3: 30}
+    assert {(r["queue_id"], r["n"], r["max_batch"]) for r in counted} == {(2, 50, 5), (3, 30, 6)}
+    top = max(r["max_batch"] for r in whole.summary)
+    assert max(r["max_batch"] for r in kept.summary + counted) == top == 6
+    assert kept.files == whole.files - 2  # the two files counted from their statistics

@@ -62,6 +62,7 @@ class DataFile:
             unknown.
         added: the version that added it.
         removed: the version that removed it (``None`` while live).
+        nulls: per column, how many rows hold null there; missing when unknown.
     """
 
     path: str
@@ -71,6 +72,7 @@ class DataFile:
     high: dict[str, int] = field(default_factory=dict)
     added: int = 0
     removed: int | None = None
+    nulls: dict[str, int] = field(default_factory=dict)
 
     def min(self, column: str) -> int | None:
         """The column's minimum in this file (``None``: unknown)."""
@@ -242,6 +244,7 @@ class LiveFiles:
         for a in actions:
             low = {c: _number(a.get(f"min.{c}")) for c in self.stats}
             high = {c: _number(a.get(f"max.{c}"), up=True) for c in self.stats}
+            nulls = {c: _number(a.get(f"null_count.{c}")) for c in self.stats}
             entry = DataFile(
                 path=data_file(self.path, a["path"]),
                 partition={c: a.get(f"partition.{c}") for c in self._partitions},
@@ -249,6 +252,7 @@ class LiveFiles:
                 low={c: v for c, v in low.items() if v is not None},
                 high={c: v for c, v in high.items() if v is not None},
                 added=-1,  # live at every version this state answers
+                nulls={c: v for c, v in nulls.items() if v is not None},
             )
             self._files[entry.path] = entry
         self.version = self.from_version = version
@@ -275,6 +279,7 @@ class LiveFiles:
                     low=self._bounds(stats.get("minValues") or {}, up=False),
                     high=self._bounds(stats.get("maxValues") or {}, up=True),
                     added=version,
+                    nulls=self._bounds(stats.get("nullCount") or {}, up=False),
                 )
             elif "remove" in line:
                 gone = self._files.get(data_file(self.path, line["remove"]["path"]))
