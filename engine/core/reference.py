@@ -118,12 +118,13 @@ MEANINGS: dict[str, str] = {
         "it commits, wait as long); `off`: a batch every `delivery.poll_interval`"
     ),
     "delivery.max_lead": (
-        "a running engine plans a round up to this far ahead of the clock (and at most 3/4 "
-        "of `delivery.poll_interval`; the lead follows how long the last rounds took to "
-        "write their files): the topic files are written first, unseen, and committed once "
-        "the clock reaches the round's watermark (never early); a round planned at the time"
-        " of the next row due may be up to `delivery.poll_interval` ahead; `off` plans "
-        "every round at the current time"
+        "a running engine plans a round up to this far ahead of the clock, and at most 3/4 "
+        "of `delivery.poll_interval` (so 150 ms with the default 200 ms poll: this default "
+        "matters only with a poll interval above 667 ms); the lead follows how long the "
+        "last rounds took to write their files. The topic files are written first, "
+        "unseen, and committed once the clock reaches the round's watermark (never early); "
+        "a round planned at the time of the next row due may be up to "
+        "`delivery.poll_interval` ahead; `off` plans every round at the current time"
     ),
     "lease.timeout": (
         "how long an engine's hold on the lakehouse lasts without a renewal (see \"One "
