@@ -359,12 +359,14 @@ def test_files_of_new_rows_not_yet_due_are_counted_from_statistics_as_reading_co
         )
 
     write([("old", T0 - timedelta(seconds=1), 1, 1)])
+    live = LiveFiles(str(path), stats=WINDOW_STATS)
+    assert len(live.files(0)) == 1  # (the files added since are read from each commit)
     write([(f"far{i}", far, 5, 2) for i in range(50)])
     write([(f"far-b{i}", far + timedelta(hours=i), 6, 3) for i in range(30)])
     write([("due", T0 + timedelta(milliseconds=10), 6, 1), ("with it", far, 6, 1)])
     write([("no time", None, 6, 2), ("beside it", far, 6, 2)])
     write([("stamped before", far, 4, 2)])
-    table, live = ArrowDelta(str(path)), LiveFiles(str(path), stats=WINDOW_STATS)
+    table = ArrowDelta(str(path))
     version = table.latest()
     plain = Window(T0, T0 + timedelta(seconds=1), 4)
     whole = read_candidates(table.dataset(version), plain)
@@ -385,3 +387,9 @@ def test_files_of_new_rows_not_yet_due_are_counted_from_statistics_as_reading_co
     top = max(r["max_batch"] for r in whole.summary)
     assert max(r["max_batch"] for r in kept.summary + counted) == top == 6
     assert kept.files == whole.files - 2  # the two files counted from their statistics
+    # ... and once their rows fall due, a later round reads those files and delivers them
+    later = Window(T0 + timedelta(seconds=1), far + timedelta(days=2), top, by_stats=True)
+    due = read_candidates(live.dataset(version, keep=later.may_hold), later)
+    delivered = set(due.deliver["msg_id"].to_pylist())
+    assert {f"far{i}" for i in range(50)} | {f"far-b{i}" for i in range(30)} <= delivered
+    assert counted_summary(live.files(version), later) == []
