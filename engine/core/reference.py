@@ -12,7 +12,7 @@ Example:
 from __future__ import annotations
 
 import tomllib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -219,11 +219,7 @@ def _kind(parse: Callable[[str, object], Any]) -> str:
 
 
 def _shown(value: object) -> str:
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, Mapping):
-        return ", ".join(f"{k}={v}" for k, v in value.items())
-    return str(value)
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def settings(conf: Path = DEFAULT_CONF) -> list[Setting]:
