@@ -31,19 +31,25 @@ KAFKA_HOME := .kafka
 CLUSTER_HOME := .cluster
 S3_HOME   := .s3
 
-.PHONY: help setup venv jars kafka-jars kafka-up kafka-down s3-jars s3-up s3-down s3-status cluster-up cluster-down cluster-status ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports docs docs-serve clean distclean
+.PHONY: help setup venv dev jars kafka-jars kafka-up kafka-down s3-jars s3-up s3-down s3-status cluster-up cluster-down cluster-status ingest run engine sql-server status test test-quick bench bench-peers check lint typecheck imports docs docs-serve clean distclean
 
 help: ## Show this help
 	@grep -hE '^[a-zA-Z0-9_-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  make %-12s %s\n", $$1, $$2}'
 
-setup: venv jars kafka-jars s3-jars ## Install the Python environment and fetch the JVM jars
+setup: venv dev jars kafka-jars s3-jars ## Install everything: the Python environment with the dev tools, the JVM jars, the servers' jars
 
-venv: $(VENV)/.installed $(VENV)/.spark-launcher ## Create .venv and install the package with its test and docs extras
+venv: $(VENV)/.installed $(VENV)/.spark-launcher ## Create .venv and install the package (what the jobs and commands need)
+
+dev: venv $(VENV)/.dev ## Add the test and docs tools to .venv (pytest, ruff, mypy, MkDocs, ...)
 
 $(VENV)/.installed: pyproject.toml
 	@command -v $(PYTHON) >/dev/null || { echo "error: $(PYTHON) not found: install Python 3.11 (e.g. pyenv install 3.11)"; exit 1; }
 	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip setuptools wheel
+	$(BIN)/python -m pip install -q -e .
+	@touch $@
+
+$(VENV)/.dev: $(VENV)/.installed
 	$(BIN)/python -m pip install -q -e '.[test,docs]'
 	@touch $@
 
@@ -151,7 +157,9 @@ cluster-status: venv ## Show the cluster's master, workers (cores, memory) and r
 ingest: setup ## Run the Kafka ingest job (kafka.ingest_topics -> commitlog) until Ctrl-C
 	$(SUBMIT) jobs/kafka_ingest.py $(ARGS)
 
-run: setup ## Set up, then run the engine on a demo set until everything is delivered
+# Only what the engine needs: the servers' jars come with the targets that start them, and the
+# class archive (each later Spark starts sooner) with `make setup`, `make engine` or `make test`.
+run: venv $(SPARK_PROPS) ## Set up what the engine needs, then run it on a demo set until everything is delivered
 	$(SUBMIT) jobs/delay_engine.py --demo --until-idle $(ARGS)
 
 engine: setup ## Run the engine until Ctrl-C (ARGS="--set key=value ..." to configure)
@@ -166,7 +174,7 @@ status: setup ## Show pending per level, delivered and quarantined counts
 test: setup check ## Set up, lint, type-check and run the whole test suite (TEST_WORKERS=2)
 	$(BIN)/python -m pytest -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder $(PYTEST_ARGS)
 
-test-quick: venv ## Run the unit tests only: no JVM, no Maven, Kafka or S3 set-up (under a minute)
+test-quick: dev ## Run the unit tests only: no JVM, no Maven, Kafka or S3 set-up (under a minute)
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 bench: setup ## Benchmark (MODE=quick, ~25 min, or MODE=full): JSON + PNG in bench/out/
@@ -178,20 +186,20 @@ bench-peers: setup ## RocketMQ 5.5 on the newest bench run's workloads, side by 
 
 check: lint typecheck imports ## ruff, mypy and the import contracts
 
-lint: venv ## ruff check and ruff format --check
+lint: dev ## ruff check and ruff format --check
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-typecheck: venv ## mypy (strict) over engine, schemas and jobs
+typecheck: dev ## mypy (strict) over engine, schemas and jobs
 	$(BIN)/mypy
 
-imports: venv ## The layout's import contracts (pyproject.toml [tool.importlinter])
+imports: dev ## The layout's import contracts (pyproject.toml [tool.importlinter])
 	$(BIN)/lint-imports
 
-docs: venv ## Build the docs site into site/ (strict: a broken link or missing page fails)
+docs: dev ## Build the docs site into site/ (strict: a broken link or missing page fails)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --config-file docs/mkdocs.yml --site-dir $(abspath site)
 
-docs-serve: venv ## Serve the docs site at http://127.0.0.1:8000, rebuilt as pages change
+docs-serve: dev ## Serve the docs site at http://127.0.0.1:8000, rebuilt as pages change
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs serve --config-file docs/mkdocs.yml --dev-addr 127.0.0.1:8000
 
 clean: ## Remove the local lakehouse and test leftovers (keeps .venv and .jars)
