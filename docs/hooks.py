@@ -79,10 +79,73 @@ def tables() -> str:
     return "\n".join(parts)
 
 
+ERRORS = """# Errors and exit codes
+
+When something goes wrong, the engine, the ingest job and every `delayq` command end in one of
+three ways.
+
+- **An error the engine recognises** prints one line starting `error:` and exits 2: a mistake
+  in the input, the configuration or the set-up (naming the key, field or file and what to
+  do), or a failure it reports as such (the delivery stage failing round after round, the
+  ingest stopping, records gone from Kafka before the ingest stored them). A stamping batch or
+  delivery round is retried, 10 s apart and up to 30 times in a row, only for failures that
+  can pass: storage and network errors, Delta conflicts, Spark task and executor failures
+  (`engine/run/failures.py` lists them); any other exception in a stage is a bug and stops the
+  engine at once.
+- **An interruption**: a Ctrl-C before the engine runs exits 130, and so does a command
+  stopped (Ctrl-C or SIGTERM) while its Spark starts: it waits for the JVM to answer, stops
+  it, and says `delayq: interrupted`. A Ctrl-C or SIGTERM once the engine runs stops it
+  cleanly, with exit 0.
+- **Anything else is a bug**: one line names the error and the log file that holds the whole
+  traceback, Python's and the JVM's, and the exit code is 70, for example `delayq: internal
+  error (a bug): NumberFormatException: For input string: "x"; the traceback is in
+  /tmp/delayq-logs/delayq-20261124T040102-4242.log`.
+
+A `delayq` command that waits for a running engine's answer (`cancel`, `reschedule`) exits 1
+when the answer is no (nothing cancelled, not moved) or no engine answered in time.
+
+Log records reach the console one line each. The JVM writes its stack traces to `spark.log`
+in the same folder and names it on the console line; that file is shared by the programs on
+the machine. The folder is `$DELAYQ_LOG_DIR`, by default `delayq-logs` under `$TMPDIR` or
+`/tmp`, and a program removes its own log files older than a week when it starts.
+
+## The exceptions
+
+From Python, every error delayq raises on purpose is a `DelayQError`; catch
+`RetryableError` to retry. This table is made from `engine/core/errors.py` at each build.
+
+"""
+
+
+def errors() -> str:
+    """The errors page: exit codes, then each exception class with its parent and meaning."""
+    import inspect
+
+    from engine.core import errors as module
+
+    rows = ["| exception | is a | raised when |", "|---|---|---|"]
+    for name, cls in inspect.getmembers(module, inspect.isclass):
+        if not issubclass(cls, module.DelayQError) or cls.__module__ != module.__name__:
+            continue
+        parent = cls.__mro__[1].__name__
+        meaning = " ".join((cls.__doc__ or "").split())
+        rows.append(f"| `{name}` | `{parent}` | {meaning} |")
+    return ERRORS + "\n".join(rows) + "\n"
+
+
+def getting_started() -> str:
+    """The getting-started page: the repository's README, its links made relative to the
+    pages (so the README and the site cannot say different things)."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    return text.replace("](docs/pages/", "](")
+
+
 PAGES = {
+    "getting-started.md": getting_started,
     "reference/configuration.md": configuration,
     "reference/cli.md": cli,
     "reference/tables.md": tables,
+    "reference/errors.md": errors,
 }
 
 

@@ -82,9 +82,9 @@ MEANINGS: dict[str, str] = {
         " batch of its own"
     ),
     "stamp.mode": (
-        '`streaming`: the Structured Streaming query `delayq-stamp` (see "The stages as '
-        'Structured Streaming queries"), and a lakehouse the query has stamped stays on '
-        "`streaming`; `driver`: a driver thread stamps, no streaming query"
+        "`streaming`: the Structured Streaming query `delayq-stamp` (see [the stages as "
+        "streaming queries](../operations/streaming-queries.md)), and a lakehouse the query "
+        "has stamped stays on `streaming`; `driver`: a driver thread stamps, no streaming query"
     ),
     "stamp.driver_batch_bytes": (
         "with `streaming`, a batch of at most this many `commitlog` bytes is read, stamped "
@@ -97,8 +97,9 @@ MEANINGS: dict[str, str] = {
     "delivery.poll_interval": "how often the delivery stage runs a round",
     "delivery.mode": (
         "`streaming`: the Structured Streaming query `delayq-deliver`, whose trigger plans "
-        "each round's watermark into Spark's offsets log (see \"The stages as Structured "
-        'Streaming queries"); `driver`: a driver thread runs the rounds'
+        "each round's watermark into Spark's offsets log (see [the stages as "
+        "streaming queries](../operations/streaming-queries.md)); `driver`: a driver thread "
+        "runs the rounds"
     ),
     "delivery.driver_round_rows": (
         "with `streaming`, a round whose window's `schedule` files hold at most this many "
@@ -127,13 +128,13 @@ MEANINGS: dict[str, str] = {
         "`delivery.poll_interval` ahead; `off` plans every round at the current time"
     ),
     "lease.timeout": (
-        "how long an engine's hold on the lakehouse lasts without a renewal (see \"One "
-        'engine per lakehouse")'
+        "how long an engine's hold on the lakehouse lasts without a renewal (see [one "
+        "engine per lakehouse](../operations/one-engine.md))"
     ),
     "lease.standby": "a second engine waits to take over instead of refusing to start",
     "spark.master": (
-        'master when the engine builds its own session (`spark://127.0.0.1:7077`: "Run on a'
-        ' cluster")'
+        "master when the engine builds its own session (`spark://127.0.0.1:7077`: [run on a"
+        " cluster](../operations/cluster.md))"
     ),
     "spark.app_name": "the Spark application's name, as the Spark UI and `spark-submit` show it",
     "spark.jars_dir": "folder of the jars passed as `spark.jars`",
@@ -144,7 +145,8 @@ MEANINGS: dict[str, str] = {
         " (your Spark's catalog), `memory`"
     ),
     "sql.server.enabled": (
-        'the engine serves JDBC (Thrift server) and Spark Connect (see "Querying in SQL")'
+        "the engine serves JDBC (Thrift server) and Spark Connect (see [SQL from other "
+        "tools](../guides/sql-tools.md))"
     ),
     "sql.server.host": "the address both listen on",
     "sql.server.jdbc_port": (
@@ -177,7 +179,8 @@ MEANINGS: dict[str, str] = {
         " readers)"
     ),
     "control.enabled": (
-        'a running engine carries out `delayq` commands (see "Commands answer in about a second")'
+        "a running engine carries out `delayq` commands (see [commands while an engine "
+        "runs](../operations/commands.md))"
     ),
     "control.host": "the address it listens on",
     "control.port": "its port (0: any free one, written to `<lakehouse>/_engine/control.json`)",
@@ -186,7 +189,7 @@ MEANINGS: dict[str, str] = {
         "as the next (about 12 CPU-s at start on 2 cores)"
     ),
     "metrics.enabled": (
-        'a running engine serves Prometheus metrics (see "Metrics for Prometheus")'
+        "a running engine serves Prometheus metrics (see [metrics](../operations/metrics.md))"
     ),
     "metrics.host": "the address they are served on",
     "metrics.port": "their port (0: any free one, printed at start)",

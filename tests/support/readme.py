@@ -1,10 +1,11 @@
 """Reading the runnable code blocks of a Markdown file, and running them as a user would.
 
-A fenced ``bash`` or ``python`` block runs unless the line just before its fence is
+A fenced ``bash``, ``python`` or ``sql`` block runs unless the line just before its fence is
 ``<!-- illustrative: why -->``. A ``<!-- readme-check: skip "PREFIX" (why) -->`` line before a
 block skips that block's lines starting with PREFIX. In a shell block a line may exit 1 only
 when its comment says ``exit 1``; any other non-zero exit fails. Python blocks continue one
-interpreter session, in order, interleaved with the shell blocks as in the file.
+interpreter session, in order, interleaved with the shell blocks as in the file; a SQL block's
+statements run there too, each with ``spark.sql(...).show()`` (an earlier block made ``spark``).
 
 A shell block the README tells the reader to leave running in a second terminal (an engine)
 is marked ``<!-- readme-check: background until "TEXT" -->``: it starts in the background, the
@@ -74,7 +75,7 @@ def blocks(text: str) -> list[Block]:
         illustrative = _ILLUSTRATIVE.match(before)
         skips = tuple(m.group(1) for m in (_SKIP.match(before), _SKIP.match(after)) if m)
         background = _BACKGROUND.match(before)
-        if fence.group(1) in ("bash", "python"):
+        if fence.group(1) in ("bash", "python", "sql"):
             found.append(
                 Block(
                     fence.group(1),
@@ -88,6 +89,39 @@ def blocks(text: str) -> list[Block]:
             )
         i = end + 1
     return found
+
+
+def sql_statements(code: str) -> list[str]:
+    """A SQL block's statements: ``--`` comments dropped (outside quotes), split at ``;``.
+
+    Example:
+        >>> sql_statements("SELECT 1;  -- one\\nSELECT ';' AS s;\\n")
+        ['SELECT 1', "SELECT ';' AS s"]
+    """
+    statements: list[str] = []
+    current: list[str] = []
+    quote = ""
+    for line in code.splitlines():
+        for i, ch in enumerate(line):
+            if quote:
+                quote = "" if ch == quote else quote
+            elif ch in "'\"":
+                quote = ch
+            elif line.startswith("--", i):
+                break
+            elif ch == ";":
+                statements.append("".join(current))
+                current = []
+                continue
+            current.append(ch)
+        current.append(" ")
+    statements.append("".join(current))
+    return [" ".join(s.split()) for s in statements if s.strip()]
+
+
+def sql_as_python(code: str) -> str:
+    """Python that runs a SQL block's statements in a session holding ``spark``."""
+    return "".join(f"spark.sql({s!r}).show(truncate=False)\n" for s in sql_statements(code))
 
 
 def _logical_lines(code: str) -> list[str]:
@@ -204,6 +238,25 @@ def plain_env(home: Path, conf: Path | None = None) -> dict[str, str]:
     return env
 
 
+def page_env(tmp: Path) -> dict[str, str]:
+    """A plain shell's environment (venv not active) whose ``DELAYQ_CONF`` points
+    ``conf/engine.toml``'s defaults at a new lakehouse under ``tmp``, with the short levels
+    ``1s 2s 3s``."""
+    conf = tmp / "engine.toml"
+    conf.write_text(
+        f'[lakehouse]\npath = "{tmp / "lakehouse"}"\n'
+        '[levels]\ndelays = "1s 2s 3s"\n'
+        '[delivery]\nprogress_interval = "2s"\n'
+        '[spark]\nlog_level = "ERROR"\n'
+        # names per session: each of the ~20 processes skips opening the embedded metastore
+        # (4 s); tests/e2e/test_sql.py runs the default catalog end to end
+        '[sql]\ncatalog = "memory"\n'
+        '[spark.conf]\n"spark.ui.enabled" = "false"\n'
+        '"spark.sql.shuffle.partitions" = "2"\n'
+    )
+    return plain_env(tmp, conf)
+
+
 def run_shell(block: Block, env: dict[str, str], cwd: Path, where: str) -> str:
     """Run a shell block as written; fail naming ``where`` if a line fails or prints a stack
     trace. Returns what it printed on standard output."""
@@ -291,3 +344,50 @@ def commands(code: str) -> list[str]:
     """A block's command lines, continuation lines joined and spaces normalised."""
     joined = code.replace("\\\n", " ")
     return [" ".join(line.split()) for line in joined.splitlines() if line.strip()]
+
+
+def run_page(page: Path, env: dict[str, str], cwd: Path, scratch: Path) -> int:
+    """Run a Markdown page's runnable blocks in order, as a reader would, from ``cwd``: the
+    Python and SQL blocks in one interpreter, the shell blocks each in a new shell, a
+    background block left running until the block that stops it (or the end). Fails naming
+    the page and line of the first block that fails. Returns how many blocks ran.
+
+    Example:
+        >>> run_page(Path("README.md"), plain_env(tmp), REPO_ROOT, tmp)  # doctest: +SKIP
+        12
+    """
+    runnable = [b for b in blocks(page.read_text(encoding="utf-8")) if b.illustrative is None]
+    shown = page.relative_to(cwd) if page.is_relative_to(cwd) else page
+    python = PythonSession(
+        str(cwd / ".venv" / "bin" / "python"), env, cwd, scratch / f"{page.stem}-python.log"
+    )
+    background: Background | None = None
+    try:
+        for block in runnable:
+            where = f"{shown}:{block.line}"
+            started = time.monotonic()
+            if block.stops_background:
+                assert background is not None, f"{where}: no background block to stop"
+                background.stop()
+                background = None
+            if block.background_until is not None:
+                assert background is None, f"{where}: a second background block"
+                log = scratch / f"{page.stem}-background.log"
+                background = Background(block, env, cwd, where, log)
+            elif block.language == "bash":
+                run_shell(block, env, cwd, where)
+            else:
+                code = block.code if block.language == "python" else sql_as_python(block.code)
+                ok, printed = python.run(code, BLOCK_TIMEOUT_S)
+                failed = f"{where}: the {block.language} block failed\n{block.code}"
+                assert ok, f"{failed}\n---\n{printed[-4000:]}"
+            print(f"{where} ({block.language}): {time.monotonic() - started:.1f} s", flush=True)
+        if background is not None:
+            background.stop()
+            background = None
+    finally:
+        if background is not None:
+            with contextlib.suppress(AssertionError):
+                background.stop()
+        python.close()
+    return len(runnable)

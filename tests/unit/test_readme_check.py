@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support.readme import Background, blocks, shell_script
+from tests.support.readme import Background, blocks, shell_script, sql_as_python, sql_statements
 
 DOC = """Intro.
 
@@ -85,3 +85,27 @@ def test_a_background_block_runs_until_ctrl_c_and_must_end_cleanly(tmp_path: Pat
     server = Background(unclean, env, tmp_path, "README.md:2", tmp_path / "b.log")
     with pytest.raises(AssertionError, match="exit 3"):
         server.stop()
+
+
+def test_a_sql_blocks_statements_run_one_by_one_in_the_python_session() -> None:
+    (block,) = blocks(
+        "```sql\nSELECT topic FROM delayq.pending;   -- what waits\n"
+        "SELECT * FROM delayq.orders WHERE body = 'a;b -- c';\n```\n"
+    )
+    assert block.language == "sql"
+    assert sql_statements(block.code) == [
+        "SELECT topic FROM delayq.pending",
+        "SELECT * FROM delayq.orders WHERE body = 'a;b -- c'",
+    ]
+    shown: list[str] = []
+
+    class Spark:
+        def sql(self, statement: str) -> Spark:
+            shown.append(statement)
+            return self
+
+        def show(self, truncate: bool) -> None:
+            assert truncate is False
+
+    exec(sql_as_python(block.code), {"spark": Spark()})
+    assert shown == sql_statements(block.code)
