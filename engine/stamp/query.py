@@ -396,7 +396,7 @@ class StampQuery:
             plan = StampPlan(batch, start, end)
             self._claim(plan)
             self._firsts, self._firsts_done = [plan], set()
-        self.writer.warm(batch)  # (read while the queries start)
+        self.writer.warm(batch, hold=True)  # (read while the queries start, after its lookup)
         return [plan]
 
     def _first_batch(self) -> int:

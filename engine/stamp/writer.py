@@ -53,6 +53,8 @@ ID_HASH = "msg_id_hash"
 #: Ids are kept this long past the window, for rows stored a while before they are stamped
 #: (older ones make the writer read the ids back from ``schedule``).
 EXPIRY_SLACK = timedelta(minutes=15)
+#: Longest a held read of the taken ids (:meth:`StampWriter.warm`) waits for its batch.
+HOLD_S = 10.0
 
 
 class StampWriter:
@@ -76,11 +78,17 @@ class StampWriter:
         self._seen: SeenIds | None = None  # ids stamped in the dedup window, read when needed
         self._warming: _Warming | None = None  # the same, being read for a first batch
 
-    def warm(self, batch_id: int) -> None:
+    def warm(self, batch_id: int, hold: bool = False) -> None:
         """Start reading the taken ids back from ``schedule`` in the background, for
         ``batch_id`` as the next batch: a restart's first batch then finds them read (or
         waits for the rest) instead of starting to read them, while the streaming queries
         start meanwhile. Used only if that batch is the next one this writer stamps.
+
+        Args:
+            batch_id: the next batch.
+            hold: start reading only once that batch has looked up its own ids (at most
+                :data:`HOLD_S` later): for a batch stamped right away, whose lookup of its
+                own ids then reads alone instead of beside millions of others.
 
         Example:
             >>> writer.warm(12)  # doctest: +SKIP
@@ -90,7 +98,7 @@ class StampWriter:
         window = timedelta(milliseconds=self.cfg.dedup_window_ms)
         since = self.clock.now() - window - EXPIRY_SLACK  # what `_seen_since` reads then
         # A table object of its own: the batch's thread may use the writer's meanwhile.
-        self._warming = _Warming(ArrowDelta(self.layout.schedule), batch_id, since)
+        self._warming = _Warming(ArrowDelta(self.layout.schedule), batch_id, since, hold)
 
     def tables(self) -> list[ArrowDelta]:
         """The tables a batch is written to."""
@@ -168,7 +176,9 @@ class StampWriter:
         warming = self._warming
         reading = warming is not None and warming.batch_id == batch_id and not warming.done()
         if self._seen is None and reading and hashes is not None:
+            assert warming is not None
             found = seen_ids(self._tables[self.layout.schedule], batch_id, bound, hashes)
+            warming.go()  # (held until now: it would have read beside this batch's lookup)
             if found is not None:
                 return found
         if self._seen is None and self._warming is not None:
@@ -428,12 +438,16 @@ def with_reasons(rows: pa.Table, positions: np.ndarray, reasons: Sequence[str | 
 
 class _Warming:
     """:func:`seen_ids` for one batch, read by a thread of its own; batches stamped meanwhile
-    (each deciding from the entries of its own ids) are carried into it."""
+    (each deciding from the entries of its own ids) are carried into it. Held, it waits for
+    :meth:`go` (at most :data:`HOLD_S`) before reading."""
 
-    def __init__(self, table: ArrowDelta, batch_id: int, since: datetime) -> None:
+    def __init__(self, table: ArrowDelta, batch_id: int, since: datetime, hold: bool) -> None:
         self.batch_id = batch_id
         self._seen: SeenIds | None = None
         self._carried: list[tuple[np.ndarray, np.ndarray]] = []
+        self._go = threading.Event()
+        if not hold:
+            self._go.set()
         self._thread = threading.Thread(
             target=self._read,
             args=(table, batch_id, since),
@@ -443,11 +457,16 @@ class _Warming:
         self._thread.start()
 
     def _read(self, table: ArrowDelta, batch_id: int, since: datetime) -> None:
+        self._go.wait(HOLD_S)
         try:
             # (the batch it was started for: carry() moves `batch_id` on meanwhile)
             self._seen = seen_ids(table, batch_id, since)
         except Exception as err:  # the batch reads them itself, and fails there if it must
             log.warning("reading the taken ids ahead of batch %d: %s", batch_id, err)
+
+    def go(self) -> None:
+        """Start reading now, if held."""
+        self._go.set()
 
     def done(self) -> bool:
         """Whether the reading has ended."""
@@ -466,6 +485,7 @@ class _Warming:
         """The ids, once read, if they were read for ``batch_id`` (else ``None``)."""
         if batch_id != self.batch_id:
             return None  # another batch first (batches before it differ): read again
+        self._go.set()
         self._thread.join()
         if self._seen is not None:
             for hashes, until in self._carried:

@@ -211,6 +211,43 @@ def test_batches_stamped_while_the_ids_are_read_ahead_decide_from_their_own_ids_
     assert reads == [(1, "full"), (1, "own"), (2, "own")]  # batch 3: what was read, + 1, 2
 
 
+def test_ids_read_ahead_for_a_batch_stamped_at_once_wait_for_its_own_lookup(
+    spark: SparkSession, cfg: EngineConfig, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A start that stamps a batch right away holds the read of every taken id until that
+    batch has looked up its own (so the lookup does not read beside it), then reads them."""
+    import time
+
+    import engine.stamp.writer as writer_module
+
+    reads: list[tuple[int, str]] = []
+    real = writer_module.seen_ids
+
+    def recorded(table: Any, batch_id: int, since: datetime, *only: Any) -> Any:
+        reads.append((batch_id, "own" if only else "full"))
+        return real(table, batch_id, since, *only)
+
+    monkeypatch.setattr(writer_module, "seen_ids", recorded)
+    lay = ensure_tables(spark, cfg)
+    clock = FakeClock(T0)
+    StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
+    reads.clear()
+
+    writer = StampWriter(cfg, lay, clock)
+    writer.warm(1, hold=True)
+    time.sleep(0.5)
+    assert reads == []  # held
+    writer(commitlog_rows(spark, [("A", "orders", b"2", 1), ("E", "orders", b"e", 1)]), 1)
+    deadline = time.monotonic() + 30
+    while (1, "full") not in reads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reads == [(1, "own"), (1, "full")]  # read once the batch had looked up its own
+    writer(commitlog_rows(spark, [("E", "audit", b"3", 1)]), 2)
+
+    assert stored(spark, lay.schedule) == [("A", 0), ("E", 1)]
+    assert stored(spark, lay.quarantine) == [("A", 1), ("E", 2)]
+
+
 def short_window(spark: SparkSession, make_cfg: object) -> tuple[EngineConfig, Any, FakeClock]:
     """A lakehouse whose ids stay taken 3 s (the longest test level), and a clock."""
     cfg = make_cfg(dedup_window_ms=3_000)  # type: ignore[operator]
