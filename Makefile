@@ -71,7 +71,7 @@ $(VENV)/.spark-launcher: $(VENV)/.installed $(BIN)/find-spark-home Makefile
 	} > $(BIN)/find-spark-home
 	@touch $@
 
-jars: $(SPARK_PROPS) $(JARS)/.class-archive ## Resolve Delta's and S3A's jars with Maven into .jars/ (spark.jars), build the S3 LogStore
+jars: $(SPARK_PROPS) $(JARS)/.class-archive ## Resolve Delta's, Spark's Kafka connector's and S3A's jars into .jars/, build delayq's LogStores, write the JVM class archive (~1-2 min)
 
 JVM_SRC := $(shell find build/jvm/src -name '*.java')
 
@@ -154,7 +154,7 @@ cluster-down: venv ## Stop the local Spark cluster
 cluster-status: venv ## Show the cluster's master, workers (cores, memory) and running applications
 	$(BIN)/python -m jobs.tools.cluster status --home $(CLUSTER_HOME)
 
-ingest: setup ## Run the Kafka ingest job (kafka.ingest_topics -> commitlog) until Ctrl-C
+ingest: venv jars ## Run the Kafka ingest job (kafka.ingest_topics -> commitlog) until Ctrl-C
 	$(SUBMIT) jobs/kafka_ingest.py $(ARGS)
 
 # Only what the engine needs: the servers' jars come with the targets that start them, and the
@@ -162,13 +162,13 @@ ingest: setup ## Run the Kafka ingest job (kafka.ingest_topics -> commitlog) unt
 run: venv $(SPARK_PROPS) ## Set up what the engine needs, then run it on a demo set until everything is delivered
 	$(SUBMIT) jobs/delay_engine.py --demo --until-idle $(ARGS)
 
-engine: setup ## Run the engine until Ctrl-C (ARGS="--set key=value ..." to configure)
+engine: venv jars ## Run the engine until Ctrl-C (ARGS="--set key=value ..." to configure)
 	$(SUBMIT) jobs/delay_engine.py $(ARGS)
 
-sql-server: setup ## Run the engine serving JDBC on 127.0.0.1:10000 and Spark Connect on :15002
+sql-server: venv jars ## Run the engine serving JDBC on 127.0.0.1:10000 and Spark Connect on :15002
 	$(SUBMIT) jobs/delay_engine.py --set sql.server.enabled=true $(ARGS)
 
-status: setup ## Show pending per level, delivered and quarantined counts
+status: venv jars ## Show pending per level, delivered and quarantined counts
 	$(BIN)/delayq status $(ARGS)
 
 test: setup check ## Set up, lint, type-check and run the whole test suite (TEST_WORKERS=2)

@@ -54,6 +54,28 @@ def cli() -> str:
     return "\n".join(parts)
 
 
+VIEWS_INTRO = """## Views
+
+Named in the database `delayq` (`lakehouse.database`) with the tables; their SQL is in
+`engine/lakehouse/catalog/views.py`.
+
+| view | one row per |
+|---|---|
+"""
+
+VIEWS = {
+    "delay_offset": "round and queue of the delayOffset log (`status`, the round's `watermark`,"
+    " what it `delivered`)",
+    "pending": "message stamped and neither delivered by the committed progress nor cancelled"
+    " (the columns of `schedule`)",
+    "due_forecast": "minute of the next hour: how many pending messages fall due in it",
+    "history": "event of a message: sent, stamped or quarantined (with the reason),"
+    " rescheduled, delivered or cancelled",
+    "consumer_lag": "consumer group and topic: rows delivered after the group's committed"
+    " position (named once a group has committed)",
+}
+
+
 def tables() -> str:
     """The tables page: each table's columns and Spark types, from ``schemas``."""
     import schemas
@@ -70,10 +92,13 @@ def tables() -> str:
         schema = getattr(schemas, name, None)
         if schema is None or not hasattr(schema, "fields"):
             continue
-        parts.append(f"## `{name.lower()}`\n")
+        kind = " (a log of JSON files, not a Delta table; SQL reads it as a view)"
+        parts.append(f"## `{name.lower()}`{kind if name == 'DELAY_OFFSET' else ''}\n")
         parts.append("| column | type |\n|---|---|")
         parts.extend(f"| `{f.name}` | `{f.dataType.simpleString()}` |" for f in schema.fields)
         parts.append("")
+    parts.append(VIEWS_INTRO + "\n".join(f"| `{v}` | {what} |" for v, what in VIEWS.items()))
+    parts.append("")
     parts.append("## What each table holds\n")
     parts.append((module.__doc__ or "").replace("``", "`"))
     return "\n".join(parts)

@@ -11,7 +11,8 @@ A shell block the README tells the reader to leave running in a second terminal 
 is marked ``<!-- readme-check: background until "TEXT" -->``: it starts in the background, the
 check goes on once it has printed TEXT, and it is stopped with Ctrl-C (SIGINT to its process
 group, as a terminal sends it) before a block marked ``<!-- readme-check: stop background -->``
-or at the end; it must then exit 0 without a stack trace.
+or at the end; it must then exit 0 without a stack trace. A block followed by
+``<!-- readme-check: prints `TEXT` -->`` must print TEXT (what the page shows the reader).
 """
 
 from __future__ import annotations
@@ -39,6 +40,7 @@ _FENCE = re.compile(r"^```(\w*)\s*$")
 _ILLUSTRATIVE = re.compile(r"^<!--\s*illustrative:\s*(.+?)\s*-->\s*$")
 _SKIP = re.compile(r'^<!--\s*readme-check:\s*skip\s+"([^"]+)"')
 _BACKGROUND = re.compile(r'^<!--\s*readme-check:\s*background\s+until\s+"([^"]+)"\s*-->\s*$')
+_PRINTS = re.compile(r"^<!--\s*readme-check:\s*prints\s+`([^`]+)`\s*-->\s*$")
 _STOP_BACKGROUND = re.compile(r"^<!--\s*readme-check:\s*stop background\s*-->\s*$")
 
 
@@ -55,6 +57,8 @@ class Block:
     background_until: str | None = None
     #: the background block is stopped before this one runs
     stops_background: bool = False
+    #: what the block must print
+    prints: str | None = None
 
 
 def blocks(text: str) -> list[Block]:
@@ -75,6 +79,7 @@ def blocks(text: str) -> list[Block]:
         illustrative = _ILLUSTRATIVE.match(before)
         skips = tuple(m.group(1) for m in (_SKIP.match(before), _SKIP.match(after)) if m)
         background = _BACKGROUND.match(before)
+        prints = _PRINTS.match(after)
         if fence.group(1) in ("bash", "python", "sql"):
             found.append(
                 Block(
@@ -85,6 +90,7 @@ def blocks(text: str) -> list[Block]:
                     skips,
                     background.group(1) if background else None,
                     bool(_STOP_BACKGROUND.match(before)),
+                    prints.group(1) if prints else None,
                 )
             )
         i = end + 1
@@ -366,6 +372,7 @@ def run_page(page: Path, env: dict[str, str], cwd: Path, scratch: Path) -> int:
         for block in runnable:
             where = f"{shown}:{block.line}"
             started = time.monotonic()
+            printed = ""
             if block.stops_background:
                 assert background is not None, f"{where}: no background block to stop"
                 background.stop()
@@ -375,12 +382,15 @@ def run_page(page: Path, env: dict[str, str], cwd: Path, scratch: Path) -> int:
                 log = scratch / f"{page.stem}-background.log"
                 background = Background(block, env, cwd, where, log)
             elif block.language == "bash":
-                run_shell(block, env, cwd, where)
+                printed = run_shell(block, env, cwd, where)
             else:
                 code = block.code if block.language == "python" else sql_as_python(block.code)
                 ok, printed = python.run(code, BLOCK_TIMEOUT_S)
                 failed = f"{where}: the {block.language} block failed\n{block.code}"
                 assert ok, f"{failed}\n---\n{printed[-4000:]}"
+            if block.prints is not None:
+                missing = f"{where}: the block did not print {block.prints!r}"
+                assert block.prints in printed, f"{missing}\n---\n{printed[-4000:]}"
             print(f"{where} ({block.language}): {time.monotonic() - started:.1f} s", flush=True)
         if background is not None:
             background.stop()

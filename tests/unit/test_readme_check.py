@@ -109,3 +109,11 @@ def test_a_sql_blocks_statements_run_one_by_one_in_the_python_session() -> None:
 
     exec(sql_as_python(block.code), {"spark": Spark()})
     assert shown == sql_statements(block.code)
+
+
+def test_a_block_followed_by_a_prints_mark_must_print_it() -> None:
+    (block,) = blocks(
+        '```bash\necho \'{"id": 1}\'\n```\n<!-- readme-check: prints `{"id": 1}` -->\n'
+    )
+    assert block.prints == '{"id": 1}'
+    assert block.prints in run(shell_script(block)).stdout
