@@ -656,6 +656,7 @@ class Engine:
         self.hold(stop, keep=True)
         if stop.is_set():
             return self.status()  # stopped while standing by
+        launched = time.monotonic()
         self.start()
         try:
             if when_warm is not None:
@@ -665,11 +666,15 @@ class Engine:
             started = time.monotonic()
             next_line = started
             next_idle_check = started
+            warm = False
             while True:
                 if stop.is_set():
                     raise KeyboardInterrupt  # handled below, like a Ctrl-C without handlers
                 self.check_queries()
                 now = time.monotonic()
+                if not warm and self.stamper.warm() and self.stats.rounds:
+                    warm = True  # what is sent from now on is stamped and delivered on time
+                    self.out(f"delayq: stamping and delivering ({now - launched:.1f} s to warm up)")
                 if now >= next_line:
                     self.out(f"[{self.clock.now():%H:%M:%S}] {self.progress_line()}")
                     next_line = now + interval
