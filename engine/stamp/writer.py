@@ -117,6 +117,9 @@ class StampWriter:
             # from `schedule` (batches before this one) instead of trusting the memory.
             self._seen = None
             raise
+        finally:
+            if self._warming is not None:
+                self._warming.go()  # (held for this batch, whatever it looked up)
 
     def _stamp(self, batch: pa.Table, batch_id: int) -> tuple[int, int]:
         now = self.clock.now()
@@ -177,8 +180,10 @@ class StampWriter:
         reading = warming is not None and warming.batch_id == batch_id and not warming.done()
         if self._seen is None and reading and hashes is not None:
             assert warming is not None
-            found = seen_ids(self._tables[self.layout.schedule], batch_id, bound, hashes)
-            warming.go()  # (held until now: it would have read beside this batch's lookup)
+            try:
+                found = seen_ids(self._tables[self.layout.schedule], batch_id, bound, hashes)
+            finally:
+                warming.go()  # (held until now: it would have read beside this lookup)
             if found is not None:
                 return found
         if self._seen is None and self._warming is not None:

@@ -228,16 +228,18 @@ def test_ids_read_ahead_for_a_batch_stamped_at_once_wait_for_its_own_lookup(
         return real(table, batch_id, since, *only)
 
     monkeypatch.setattr(writer_module, "seen_ids", recorded)
+    monkeypatch.setattr(writer_module, "HOLD_S", 120.0)  # (never runs out here)
     lay = ensure_tables(spark, cfg)
     clock = FakeClock(T0)
     StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
+    first = commitlog_rows(spark, [("A", "orders", b"2", 1), ("E", "orders", b"e", 1)])
     reads.clear()
 
     writer = StampWriter(cfg, lay, clock)
     writer.warm(1, hold=True)
     time.sleep(0.5)
     assert reads == []  # held
-    writer(commitlog_rows(spark, [("A", "orders", b"2", 1), ("E", "orders", b"e", 1)]), 1)
+    writer(first, 1)
     deadline = time.monotonic() + 30
     while (1, "full") not in reads and time.monotonic() < deadline:
         time.sleep(0.05)
@@ -246,6 +248,17 @@ def test_ids_read_ahead_for_a_batch_stamped_at_once_wait_for_its_own_lookup(
 
     assert stored(spark, lay.schedule) == [("A", 0), ("E", 1)]
     assert stored(spark, lay.quarantine) == [("A", 1), ("E", 2)]
+
+    # A first batch with no valid row looks nothing up: it lets the read go all the same.
+    reads.clear()
+    refused = commitlog_rows(spark, [("X", None, b"x", 1)])  # no topic: quarantined
+    other = StampWriter(cfg, lay, clock)
+    other.warm(3, hold=True)
+    other(refused, 3)
+    deadline = time.monotonic() + 30
+    while (3, "full") not in reads and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert reads == [(3, "full")]
 
 
 def short_window(spark: SparkSession, make_cfg: object) -> tuple[EngineConfig, Any, FakeClock]:
