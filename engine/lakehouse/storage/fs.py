@@ -8,11 +8,12 @@ Example:
 from __future__ import annotations
 
 import json
-from typing import Any
-
-from pyspark.sql import SparkSession
+from typing import TYPE_CHECKING, Any
 
 from engine.lakehouse.storage.location import store_for
+
+if TYPE_CHECKING:  # (a `delayq` command through a running engine imports no Spark)
+    from pyspark.sql import SparkSession
 
 
 def jvm(spark: SparkSession) -> Any:

@@ -19,7 +19,6 @@ import threading
 from typing import Any
 
 from engine.core.errors import SetupError
-from engine.lakehouse.storage.s3 import S3Store
 from engine.lakehouse.storage.store import LocalStore, S3Settings, Store, local_path, split_s3
 
 log = logging.getLogger(__name__)
@@ -168,6 +167,8 @@ def store_for(location: str) -> Store:
     with _LOCK:
         store = _STORES.get(key)
         if store is None:
+            from engine.lakehouse.storage.s3 import S3Store  # (obstore, pyarrow: on S3 only)
+
             store = _STORES[key] = S3Store(found[0], settings)
     return store
 
