@@ -124,7 +124,7 @@ three ways.
 - **Anything else is a bug**: one line names the error and the log file that holds the whole
   traceback, Python's and the JVM's, and the exit code is 70, for example `delayq: internal
   error (a bug): NumberFormatException: For input string: "x"; the traceback is in
-  /tmp/delayq-logs/delayq-20261124T040102-4242.log`.
+  $TMPDIR/delayq-logs/delayq-20261124T040102-4242.log`.
 
 A `delayq` command that waits for a running engine's answer (`cancel`, `reschedule`) exits 1
 when the answer is no (nothing cancelled, not moved) or no engine answered in time.
