@@ -585,6 +585,11 @@ class Engine:
         if self._loop is None and self._stamp_loop is None and self._first is None:
             self.lease.release()  # nothing runs: the next engine may take over at once
 
+    def warm(self) -> bool:
+        """Whether the stamping stage has looked at ``commitlog`` and the delivery stage has
+        done a first round: from then on what is sent is stamped and delivered on time."""
+        return self.stamper.warm() and self.stats.rounds > 0
+
     def wait_until_warm(
         self, timeout_s: float = 120.0, stop: threading.Event | None = None
     ) -> None:
@@ -596,7 +601,7 @@ class Engine:
         """
         stop = stop or threading.Event()
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and not (self.stamper.warm() and self.stats.rounds):
+        while time.monotonic() < deadline and not self.warm():
             self.check_queries()
             if stop.wait(0.2):
                 return
@@ -672,8 +677,8 @@ class Engine:
                     raise KeyboardInterrupt  # handled below, like a Ctrl-C without handlers
                 self.check_queries()
                 now = time.monotonic()
-                if not warm and self.stamper.warm() and self.stats.rounds:
-                    warm = True  # what is sent from now on is stamped and delivered on time
+                if not warm and self.warm():
+                    warm = True
                     self.out(f"delayq: stamping and delivering ({now - launched:.1f} s to warm up)")
                 if now >= next_line:
                     self.out(f"[{self.clock.now():%H:%M:%S}] {self.progress_line()}")
