@@ -5,19 +5,25 @@ commit put-if-absent with a hard link, as the appender does.
 Delta's default there, HDFSLogStore, checks that a version is free and then renames over it:
 an appender commit made in between vanishes, its rows and its ``txn`` with it, while the
 appender reported it done. Hadoop checks once more inside the rename, so that window is a few
-microseconds after two forked ``readlink`` calls: the race below keeps the writers colliding
-on the same versions and fails on any lost commit, but seldom catches HDFSLogStore in the act.
-What only a put-if-absent store does is checked exactly by the test after it.
+microseconds wide: the many-writers race below keeps the writers colliding on the same versions
+and fails on any lost commit, but seldom catches HDFSLogStore in the act. The test after it
+holds that window open (``strace`` delays the JVM's renames and links by seconds) and commits
+into it, every time: HDFSLogStore loses the appender's commit there, the configured store
+does not.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import platform
 import re
+import shutil
+import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -141,6 +147,68 @@ def test_spark_and_the_log_appender_racing_on_a_local_table_lose_no_commit(
     by_delta_rs = DeltaTable(path).to_pyarrow_table(columns=["id"])["id"].to_pylist()
     assert by_spark == expected
     assert sorted(by_delta_rs) == expected
+
+
+#: Syscalls that put a file in place (rename, link), by machine: their numbers, as
+#: ``/proc/<tid>/syscall`` shows the call a thread is in.
+PLACING = {"x86_64": {82, 86, 264, 265, 316}, "aarch64": {37, 38, 276}}
+#: How long ``strace`` holds each of them (microseconds): the window the test commits in.
+HELD_US = 3_000_000
+
+
+@pytest.mark.skipif(shutil.which("strace") is None, reason="needs strace (in the machine image)")
+@pytest.mark.parametrize("store", ["configured", "io.delta.storage.HDFSLogStore"])
+def test_a_commit_landing_while_spark_puts_its_own_in_place_is_never_replaced(
+    spark: SparkSession, cfg: EngineConfig, store: str
+) -> None:
+    """The appender commits version 1 while a Spark LogStore, which found it free, is inside
+    the call that puts its own version 1 in place. The store the session gives the table
+    refuses its commit there (Delta would retry it as version 2), and the appender's stays;
+    Delta's HDFSLogStore, as a control, renames over it every time: the window is real and
+    this test catches a store that lets it through."""
+    assert platform.machine() in PLACING, platform.machine()
+    path = str(Path(cfg.lakehouse) / "held")
+    spark.sql(f"CREATE TABLE delta.`{path}` (id BIGINT, writer STRING) USING delta")
+    view = jvm(spark)
+    conf = spark.sparkContext._jsc.hadoopConfiguration()
+    lines = view.java.util.ArrayList()
+    lines.add(json.dumps({"commitInfo": {"timestamp": 1, "operation": "WRITE", "txnId": "t-1"}}))
+    if store == "configured":  # Delta's Scala LogStore, over the class Spark is set up with
+        log = view.org.apache.spark.sql.delta.DeltaLog.forTable(spark._jsparkSession, path)
+        logstore, conf = log.store(), log.newDeltaHadoopConf()
+        actions = view.scala.jdk.javaapi.CollectionConverters.asScala(lines.iterator())
+    else:  # a Java LogStore
+        logstore, actions = view.io.delta.storage.HDFSLogStore(conf), lines.iterator()
+    target = Path(path, "_delta_log", f"{1:020d}.json")
+    appender = LogAppender(path)
+    staged = appender.stage(_row("sniper", 1), txn=Txn("sniper", 1))
+    outcome: dict[str, str] = {}
+
+    def spark_commit() -> None:
+        entry = view.org.apache.hadoop.fs.Path(target.as_uri())
+        try:
+            logstore.write(entry, actions, False, conf)
+            outcome["spark"] = "written"
+        except Exception as err:  # py4j's error: the Java exception's class is in its text
+            outcome["spark"] = "refused" if "FileAlreadyExistsException" in str(err) else str(err)
+
+    pid = int(view.java.lang.ProcessHandle.current().pid())
+    with _held_placing(pid):
+        writer = threading.Thread(target=spark_commit)
+        writer.start()
+        placing = _placing_thread(pid, writer, target.parent)
+        assert placing is not None, f"the LogStore never put version 1 in place: {outcome}"
+        assert staged is not None and appender.commit(staged), "version 1 was taken"
+        assert appender.version == 1
+        writer.join()
+
+    first = _actions(target)
+    if store == "configured":
+        assert outcome["spark"] == "refused"
+        assert [(t["appId"], t["version"]) for t in first["txn"]] == [("sniper", 1)]
+    else:  # the control: Spark's write reported done over the appender's reported commit
+        assert outcome["spark"] == "written"
+        assert "txn" not in first, "HDFSLogStore kept the appender's commit: no window held"
 
 
 def test_a_commit_written_again_after_a_lost_answer_counts_and_another_is_refused(
@@ -307,3 +375,57 @@ def _actions(entry: Path) -> dict[str, list[dict[str, Any]]]:
         for kind, action in json.loads(line).items():
             actions.setdefault(kind, []).append(action)
     return actions
+
+
+@contextlib.contextmanager
+def _held_placing(pid: int) -> Iterator[None]:
+    """``strace`` attached to the process ``pid`` (every thread), holding each of its renames
+    and links :data:`HELD_US` before it runs; detached on exit."""
+    calls = "rename,renameat,renameat2,link,linkat"
+    inject = f"inject={calls}:delay_enter={HELD_US}"
+    command = ["strace", "-f", "-qq", "-o", "/dev/null", "-p", str(pid), "-e", f"trace={calls}"]
+    tracer = subprocess.Popen([*command, "-e", inject], stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 30
+        while not _all_traced(pid, tracer.pid):
+            assert tracer.poll() is None, tracer.communicate()[1].decode()
+            assert time.monotonic() < deadline, "strace did not attach to every thread"
+            time.sleep(0.05)
+        yield
+    finally:
+        tracer.terminate()
+        tracer.wait(timeout=30)
+
+
+def _all_traced(pid: int, tracer: int) -> bool:
+    """Whether every thread of ``pid`` is traced by ``tracer``."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            status = Path(f"/proc/{pid}/task/{tid}/status").read_text()
+        except OSError:
+            continue  # ended meanwhile
+        if f"TracerPid:\t{tracer}\n" not in status:
+            return False
+    return True
+
+
+def _placing_thread(pid: int, writer: threading.Thread, log_dir: Path) -> str | None:
+    """The thread of ``pid`` held inside a rename or link (seen there twice in a row) while
+    version 1's commit waits whole beside its name, once one is; None if ``writer`` ends
+    first."""
+    numbers = PLACING[platform.machine()]
+    seen: str | None = None
+    while writer.is_alive():
+        held = None
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                call = Path(f"/proc/{pid}/task/{tid}/syscall").read_text().split()[0]
+            except (OSError, IndexError):
+                continue
+            if call.isdigit() and int(call) in numbers:
+                held = tid
+        if held is not None and held == seen and _in_flight(log_dir) == 1:
+            return held
+        seen = held
+        time.sleep(0.05)
+    return None
