@@ -1,7 +1,8 @@
 """The stages as streaming queries (``stamp.mode`` and ``delivery.mode = streaming``, the
 default) killed with SIGKILL in the middle of a micro-batch of each, with Spark's checkpoint
 and the stage's own record one step apart both ways, on a lakehouse the driver threads left
-mid-round, then run to the end: every message once, never early."""
+mid-round, and in the round a start runs before its queries, then run to the end: every
+message once, never early."""
 
 from __future__ import annotations
 
@@ -88,7 +89,9 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     and Spark's commit log behind (the replay writes nothing twice). The delivery query is
     killed with its round planned in the delayOffset log and its topic files written by
     Spark tasks (``delivery.driver_round_rows = 0``) but none committed, then with the round
-    committed there; both times Spark's commit of the batch is missing."""
+    committed there; both times Spark's commit of the batch is missing. Last, a start is
+    killed in the round it runs before the queries, one topic table committed and the
+    round's progress not written."""
     cfg = make_cfg()
     lay = layout(cfg)
     until = ["--until-idle", "--max-seconds", "90"]
@@ -151,6 +154,15 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
             table = Path(lay.topic(where["table"]))
             committed = {a["add"]["path"] for a in _actions(table) if "add" in a}
             assert {p.name for p in table.glob("*.parquet")} - committed
+
+    # A start delivers what is already due in a round of its own before Spark's queries run
+    # (on the driver, the queries' first batches waiting for it): killed there, mid-round.
+    sent, again = _wave(spark, cfg, 5, ids)
+    ids, resent = ids + sent, resent + again
+    where = _killed_at("topic-after", [*killing, "topic-after", "1", *streaming], tmp_path)
+    assert where.get("start") == "yes", where  # in the start's own round, not a query's
+    round_file = Path(lay.delay_offset) / f"{int(where['round']):020d}"
+    assert Path(f"{round_file}.plan.json").exists() and not Path(f"{round_file}.json").exists()
 
     final = tmp_path / "final.log"
     assert _run([delayq, "run", *streaming], final) == 0, final.read_text()[-3000:]

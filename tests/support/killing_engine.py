@@ -27,7 +27,8 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 
 The crash points wrap the engine's classes from here, so production code has no hooks. The
 last line it prints says where it died (``SIGKILL at topic-staged round 7 table t1``; a
-stamping point names its ``batch``), for a test to check against what is on disk
+stamping point names its ``batch``; ``start yes`` ends a delivery point hit in the round a
+start runs before Spark's queries), for a test to check against what is on disk
 (:mod:`tests.support.crash_points`).
 """
 
@@ -67,6 +68,9 @@ POINTS = (
     "kafka-committed",
 )
 
+#: The points in stamping (the rest are in delivery rounds).
+STAMPING = frozenset({"stamp-after", "query-planned", "query-written", "tasks-written"})
+
 
 def die(point: str, **where: object) -> None:
     said = "".join(f" {name} {value}" for name, value in where.items())
@@ -99,7 +103,11 @@ def arm(point: str, nth: int) -> None:
 
     def reached(**where: object) -> None:
         if next(seen) == nth:
-            die(point, **where)
+            die(point, **where, **started())
+
+    def started() -> dict[str, str]:
+        # a delivery point hit in the round a start runs before its queries says so
+        return {"start": "yes"} if first_round.is_set() and point not in STAMPING else {}
 
     topic_stage = DeltaTopicSink.stage  # (a write is a stage, then its commit)
 
@@ -133,7 +141,7 @@ def arm(point: str, nth: int) -> None:
             # what a kill in the middle of put-if-absent leaves: a hidden temporary file
             temp = f"{self.path}/.tmp-{uuid.uuid4().hex}"
             self.store.write(temp, b'{"queue_id": 1, "sta')  # cut short
-            die(point, round=round_)
+            die(point, round=round_, **started())
         offset_write(self, round_, rows, planned, exclusive)
         if point == "plan" and planned:
             reached(round=round_)
