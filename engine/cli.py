@@ -201,7 +201,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--until-idle",
         action="store_true",
-        help="stop once every sent message is delivered or quarantined",
+        help="stop once every sent message is delivered or quarantined and no recurring "
+        "schedule fires again",
     )
     parser.add_argument(
         "--max-seconds", type=float, metavar="S", help="stop after S seconds whatever is pending"

@@ -13,6 +13,7 @@ to read it and quarantine it with a reason instead of failing.
 | ``commands``   | cancel or reschedule asked by a user          |                |
 | ``command_results`` | outcome of a command for one message     |                |
 | ``consumer_log`` | consumer group commit: progress or a failed message |          |
+| ``recurring``  | change to a recurring schedule (a revision)   |                |
 
 ``DELAY_OFFSET`` is the row shape of the delivery checkpoint, a log of JSON files (see
 ``engine.lakehouse.state.offset_log``) that SQL reads as the view ``<database>.delay_offset``.
@@ -163,6 +164,34 @@ CONSUMER_LOG = StructType(
         ("acked", LongType()),
         ("reason", StringType()),
         ("sendback", COMMITLOG),
+    )
+)
+
+#: A recurring schedule's revisions, one row each (``engine.recur``): ``action`` is
+#: ``create``, ``update``, ``pause``, ``resume`` or ``delete``, ``state`` what the schedule is
+#: after it (``active``, ``paused``, ``deleted``), ``effective_ts`` when it was made. The
+#: message template is ``topic``/``body``/``keys``/``tags``/``properties``; ``kind`` and
+#: ``expression`` say when it fires (``cron``, ``every``, ``at``) in ``time_zone``.
+RECURRING = StructType(
+    _fields(
+        ("name", StringType()),
+        ("revision", LongType()),
+        ("action", StringType()),
+        ("state", StringType()),
+        ("effective_ts", TimestampType()),
+        ("topic", StringType()),
+        ("body", BinaryType()),
+        ("keys", ArrayType(StringType(), containsNull=False)),
+        ("tags", StringType()),
+        ("properties", MapType(StringType(), StringType(), valueContainsNull=True)),
+        ("kind", StringType()),
+        ("expression", StringType()),
+        ("time_zone", StringType()),
+        ("start_ts", TimestampType()),
+        ("end_ts", TimestampType()),
+        ("jitter_ms", LongType()),
+        ("catch_up", StringType()),
+        ("catch_up_window_ms", LongType()),
     )
 )
 

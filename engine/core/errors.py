@@ -42,6 +42,15 @@ class InvalidMessageError(DelayQError):
         super().__init__(f"invalid message {field}={shown!r}: {problem}")
 
 
+class ScheduleError(DelayQError):
+    """Raised when a recurring schedule is refused; the message names the field and value."""
+
+    def __init__(self, field: str, value: object, problem: str) -> None:
+        self.field = field
+        self.value = value
+        super().__init__(f"invalid schedule {field}={value!r}: {problem}")
+
+
 class SetupError(DelayQError):
     """Raised when the runtime is not set up (Java, jars); says what to install or run."""
 

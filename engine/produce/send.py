@@ -47,7 +47,7 @@ from engine.core.message import (
     validate,
 )
 from engine.lakehouse.delta.arrow_delta import ArrowDelta, columns
-from engine.lakehouse.delta.delta_log import append, table_exists
+from engine.lakehouse.delta.delta_log import Txn, append, table_exists
 from engine.lakehouse.delta.tables import ensure_tables
 from engine.lakehouse.storage.layout import layout
 from schemas import COMMITLOG, column_names
@@ -110,6 +110,7 @@ def send_many(
     clock: Clock | None = None,
     *,
     engine: bool = False,
+    txn: Txn | None = None,
 ) -> list[str]:
     """Validate and append messages to ``commitlog`` in one commit.
 
@@ -120,6 +121,8 @@ def send_many(
         messages: :class:`Message` objects or dicts with the same fields.
         clock: source of ``store_ts`` (and of ``born_ts`` when not given).
         engine: the engine itself sends them (its own property names are allowed).
+        txn: recorded with the commit (``txnAppId``/``txnVersion``): a sender that replays
+            its batches asks ``commitlog``'s recorded version before sending again.
 
     Returns:
         The message ids, in input order: the ones given (``Message.msg_id``), or made here.
@@ -149,7 +152,7 @@ def send_many(
         }
         for f, msg_id in zip(fields, ids, strict=True)
     ]
-    commitlog.append(pa.Table.from_pylist(rows, schema=commitlog.schema()))
+    commitlog.append(pa.Table.from_pylist(rows, schema=commitlog.schema()), txn=txn)
     return ids
 
 

@@ -36,6 +36,7 @@ from typing import Any
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
+from engine.control.commands import cancel_many
 from engine.control.status import RowCounts, Status, read_status
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
@@ -47,6 +48,7 @@ from engine.core.errors import (
     StampError,
     one_line,
 )
+from engine.core.message import Message
 from engine.deliver.lateness import Lateness
 from engine.deliver.query import DeliverQuery
 from engine.deliver.quiet import Quiet
@@ -54,11 +56,14 @@ from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
 from engine.lakehouse.catalog.names import Catalog
-from engine.lakehouse.delta.delta_log import check_tables_keep_txn
+from engine.lakehouse.delta.delta_log import Txn, check_tables_keep_txn
 from engine.lakehouse.delta.tables import ensure_tables
 from engine.lakehouse.state.lease import Heartbeat, Lease
 from engine.lakehouse.storage.layout import layout
+from engine.produce.send import send_many
+from engine.recur.fire import Firing
 from engine.run.failures import is_transient, retry_or_stop
+from engine.run.upkeep import Upkeep
 from engine.stamp.query import StampQuery
 from engine.stamp.stamper import Stamper
 
@@ -74,6 +79,7 @@ IDLE_CHECK_S = 1.0  # how often --until-idle asks the tables whether anything is
 #: Spark's status while a trigger asks the source for its latest offset: no batch runs yet.
 ASKING_SOURCE = "Getting offsets from"
 STOP_WAIT_S = 60.0  # longest stop() waits for a delivery round or stamping batch in progress
+RECURRING_INTERVAL_S = 1.0  # how often recurring schedules are looked at (engine.recur.fire)
 
 
 @dataclass
@@ -160,6 +166,10 @@ class Engine:
             spark, cfg, self.layout, self._deliver_until, self._watermark
         )
         self.stats = DeliveryStats()
+        self.recurring = Firing(
+            cfg, self.clock, send=self._send_recurring, cancel=self._cancel_recurring
+        )
+        self._recurring: Upkeep | None = None  # fires recurring schedules while started
         self._row_counts = RowCounts()  # status(): each table's log followed from call to call
         self._listeners: list[RoundListener] = []
         self._loop: threading.Thread | None = None
@@ -278,10 +288,23 @@ class Engine:
         return self.stamper.run_available()
 
     def step(self) -> RoundResult:
-        """Stamp what is available, then run one delivery round; for tests and notebooks."""
+        """Fire recurring schedules, stamp what is available, then run one delivery round;
+        for tests and notebooks."""
         self.open()
+        self.recurring.run()
         self.stamp_available()
         return self._deliver()
+
+    def _send_recurring(self, messages: list[Message], txn: Txn) -> None:
+        """Recurring schedules' messages into ``commitlog``, one commit (a fenced engine
+        sends nothing)."""
+        self.lease.check()
+        send_many(self.spark, self.cfg, messages, self.clock, engine=True, txn=txn)
+
+    def _cancel_recurring(self, msg_ids: list[str]) -> None:
+        """Cancels of occurrences a schedule's change took back, decided by the next round."""
+        self.lease.check()
+        cancel_many(self.spark, self.cfg, msg_ids, wait=0, clock=self.clock)
 
     def _renew(self) -> None:
         """Without the background renewal (stepping by hand), renew at each step."""
@@ -512,6 +535,9 @@ class Engine:
                 target=self._first_batches, name=FIRST_THREAD, daemon=True
             )
             self._first.start()
+        self._recurring = Upkeep(
+            self.recurring.run, RECURRING_INTERVAL_S, "delayq-recurring", "firing schedules"
+        ).start()
 
     def _plan_first(self) -> bool:
         """Claim the stamping query's first batch for :meth:`_first_batches`; whether one was.
@@ -569,6 +595,9 @@ class Engine:
         within ``STOP_WAIT_S`` (one cut short, or by the process dying, is run again at the
         next start)."""
         self._stopping.set()
+        if self._recurring is not None:
+            self._recurring.stop(STOP_WAIT_S)
+            self._recurring = None
         if self._round.acquire(timeout=STOP_WAIT_S):  # no new round starts once stopping
             self._round.release()
         for attr in ("_first", "_loop", "_stamp_loop"):
@@ -646,7 +675,8 @@ class Engine:
         Prints a progress line every ``delivery.progress_interval``.
 
         Args:
-            until_idle: stop once every message sent is delivered or quarantined.
+            until_idle: stop once every message sent is delivered or quarantined and no
+                recurring schedule fires again.
             max_seconds: stop after this long whatever is pending.
             when_warm: called once stamping and delivery have each done a first batch (the first
                 batches of a fresh JVM take several seconds), e.g. to send a demo set.
@@ -684,7 +714,7 @@ class Engine:
                     self.out(f"[{self.clock.now():%H:%M:%S}] {self.progress_line()}")
                     next_line = now + interval
                 if until_idle and now >= next_idle_check:
-                    if self.status().idle:
+                    if self.status().idle and self.recurring.finished():
                         break
                     next_idle_check = now + IDLE_CHECK_S
                 if max_seconds is not None and now - started > max_seconds:

@@ -32,11 +32,21 @@ class Upkeep:
     Args:
         run: one maintenance run.
         interval_s: seconds between the starts of two runs.
+        name: the thread's name.
+        what: what a run does, for the log line of one that fails.
     """
 
-    def __init__(self, run: Callable[[], Any], interval_s: float) -> None:
+    def __init__(
+        self,
+        run: Callable[[], Any],
+        interval_s: float,
+        name: str = "delayq-maintain",
+        what: str = "scheduled maintenance",
+    ) -> None:
         self.run = run
         self.interval_s = interval_s
+        self.name = name
+        self.what = what
         self.runs = 0
         self.failures = 0
         self._stopping = threading.Event()
@@ -44,7 +54,7 @@ class Upkeep:
 
     def start(self) -> Upkeep:
         """Start the schedule in the background; returns ``self``."""
-        self._thread = threading.Thread(target=self._loop, name="delayq-maintain", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=self.name, daemon=True)
         self._thread.start()
         return self
 
@@ -55,7 +65,7 @@ class Upkeep:
                 self.runs += 1
             except Exception:  # the next run tries again; delivery is not affected
                 self.failures += 1
-                log.exception("scheduled maintenance failed; next try in %.0f s", self.interval_s)
+                log.exception("%s failed; next try in %g s", self.what, self.interval_s)
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop; a run in progress finishes first (at most ``wait_s`` seconds)."""

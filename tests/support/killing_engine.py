@@ -24,6 +24,8 @@ Python driver and its JVM, as a ``kill -9`` of a job would leave them):
 |                | moved rows are written, no topic table yet                           |
 | ``kafka-committed``| a round's Kafka transaction to a topic (``kafka.exactly_once``)   |
 |                | committed with its marker, the round's progress not yet              |
+| ``recurring-sent``| a firing batch of recurring schedules is in ``commitlog``, the     |
+|                | batch not marked committed                                           |
 
 The crash points wrap the engine's classes from here, so production code has no hooks. The
 last line it prints says where it died (``SIGKILL at topic-staged round 7 table t1``; a
@@ -66,10 +68,13 @@ POINTS = (
     "round-tasks-written",
     "commands-applied",
     "kafka-committed",
+    "recurring-sent",
 )
 
-#: The points in stamping (the rest are in delivery rounds).
-STAMPING = frozenset({"stamp-after", "query-planned", "query-written", "tasks-written"})
+#: The points outside delivery rounds (stamping, firing recurring schedules).
+OUTSIDE_ROUNDS = frozenset(
+    {"stamp-after", "query-planned", "query-written", "tasks-written", "recurring-sent"}
+)
 
 
 def die(point: str, **where: object) -> None:
@@ -107,7 +112,7 @@ def arm(point: str, nth: int) -> None:
 
     def started() -> dict[str, str]:
         # a delivery point hit in the round a start runs before its queries says so
-        return {"start": "yes"} if first_round.is_set() and point not in STAMPING else {}
+        return {"start": "yes"} if first_round.is_set() and point not in OUTSIDE_ROUNDS else {}
 
     topic_stage = DeltaTopicSink.stage  # (a write is a stage, then its commit)
 
@@ -198,6 +203,14 @@ def arm(point: str, nth: int) -> None:
         if point == "kafka-committed" and rows.num_rows:
             reached(round=round_, table=table)
 
+    send_recurring = Engine._send_recurring
+
+    def recurring_sent(self: Engine, messages: Any, txn: Any) -> None:
+        send_recurring(self, messages, txn)
+        if point == "recurring-sent":
+            reached(batch=txn.version)
+
+    Engine._send_recurring = recurring_sent  # type: ignore[method-assign]
     Engine._deliver = deliver  # type: ignore[method-assign]
     Delivery._apply_commands = commands_applied  # type: ignore[method-assign]
     TransactionalKafkaSink.write = kafka_written  # type: ignore[method-assign]

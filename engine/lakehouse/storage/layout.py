@@ -9,6 +9,7 @@ Layout under the lakehouse root::
     commands/           cancel and reschedule commands from users
     command_results/    what each command did
     consumer_log/       consumer groups' commits (progress, failed messages)
+    recurring/          recurring schedules (their revisions)
     topics/<topic>/     one table per real topic
     _checkpoints/       Spark streaming checkpoints
 
@@ -67,6 +68,11 @@ class Layout:
     def consumer_log(self) -> str:
         """Path of the ``consumer_log`` table (consumer groups' commits)."""
         return f"{self.root}/consumer_log"
+
+    @property
+    def recurring(self) -> str:
+        """Path of the ``recurring`` table (recurring schedules' revisions)."""
+        return f"{self.root}/recurring"
 
     @property
     def topics(self) -> str:

@@ -1,0 +1,231 @@
+"""Recurring schedules without an engine: when they fire (cron in a time zone across
+daylight-saving changes, fixed rates, listed times), what a firing batch sends, cancels and
+skips, and the errors a bad schedule gets."""
+
+from __future__ import annotations
+
+import re
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import pytest
+
+from engine.core.clock import FakeClock, to_millis
+from engine.core.config import EngineConfig
+from engine.core.errors import InvalidMessageError, ScheduleError
+from engine.core.message import Message
+from engine.lakehouse.delta.delta_log import Txn
+from engine.recur.defs import (
+    create_schedule,
+    delete_schedule,
+    list_schedules,
+    pause_schedule,
+    read_revisions,
+    recurring_table,
+    resume_schedule,
+    update_schedule,
+)
+from engine.recur.fire import GRACE, LOOKAHEAD, Firing, Span, plan_batch
+from engine.recur.spec import Recurrence
+
+NEW_YORK = "America/New_York"
+BERLIN = "Europe/Berlin"
+
+
+def utc(*parts: int) -> datetime:
+    return datetime(*parts, tzinfo=UTC)  # type: ignore[arg-type, misc]
+
+
+def local(zone: str, times: list[datetime]) -> list[str]:
+    from zoneinfo import ZoneInfo
+
+    return [t.astimezone(ZoneInfo(zone)).isoformat() for t in times]
+
+
+def test_a_cron_time_that_spring_forward_skips_fires_at_the_change_and_once_on_fall_back() -> None:
+    """As Debian's cron: 02:30 daily in New York fires at 03:00 EDT on 2026-03-08 (02:00 to
+    03:00 is skipped), and 01:30 fires once on 2026-11-01 (01:00 to 02:00 happens twice);
+    a job every 30 minutes fires on both passes of the repeated hour."""
+    spring = Recurrence.parse(cron="30 2 * * *", time_zone=NEW_YORK)
+    assert local(NEW_YORK, spring.between(utc(2026, 3, 7, 12), utc(2026, 3, 9, 12))) == [
+        "2026-03-08T03:00:00-04:00",
+        "2026-03-09T02:30:00-04:00",
+    ]
+    fall = Recurrence.parse(cron="30 1 * * *", time_zone=NEW_YORK)
+    assert local(NEW_YORK, fall.between(utc(2026, 10, 31, 12), utc(2026, 11, 2, 12))) == [
+        "2026-11-01T01:30:00-04:00",
+        "2026-11-02T01:30:00-05:00",
+    ]
+    often = Recurrence.parse(cron="*/30 * * * *", time_zone=NEW_YORK)
+    hour = often.between(utc(2026, 11, 1, 4, 59), utc(2026, 11, 1, 6, 30))
+    assert local(NEW_YORK, hour) == [
+        "2026-11-01T01:00:00-04:00",
+        "2026-11-01T01:30:00-04:00",
+        "2026-11-01T01:00:00-05:00",
+        "2026-11-01T01:30:00-05:00",
+    ]
+
+
+def test_listed_local_times_in_a_gap_move_forward_and_repeated_ones_are_the_first() -> None:
+    at = Recurrence.parse(at="2026-03-29T02:30 2026-10-25T02:30", time_zone=BERLIN)
+    assert local(BERLIN, at.between(utc(2026, 1, 1), utc(2027, 1, 1))) == [
+        "2026-03-29T03:30:00+02:00",  # 02:00-03:00 does not exist that night
+        "2026-10-25T02:30:00+02:00",  # the first of the two 02:30s
+    ]
+
+
+def test_a_fixed_rate_counts_real_time_from_its_start_whatever_the_zone() -> None:
+    rate = Recurrence.parse(every="1h", start="2026-03-29T00:30:00+01:00", time_zone=BERLIN)
+    times = rate.between(utc(2026, 3, 28), utc(2026, 3, 29, 2, 31))
+    assert [t.strftime("%H:%M") for t in times] == ["23:30", "00:30", "01:30", "02:30"]
+    assert times[0] == utc(2026, 3, 28, 23, 30)  # start itself occurs
+    bounded = Recurrence.parse(every="15m", end="2026-01-01T09:30:00Z")
+    assert bounded.between(utc(2026, 1, 1, 9), utc(2026, 1, 1, 10))[-1] == utc(2026, 1, 1, 9, 30)
+
+
+@pytest.mark.parametrize(
+    ("given", "field", "shown"),
+    [
+        ({"cron": "61 * * * *"}, "cron", "'61 * * * *'"),
+        ({"cron": "* * *"}, "cron", "'* * *'"),
+        ({"every": "500ms"}, "every", "'500ms'"),
+        ({"every": "soon"}, "every", "'soon'"),
+        ({"at": "tomorrow"}, "at", "'tomorrow'"),
+        ({"cron": "* * * * *", "time_zone": "Mars/Olympus"}, "time_zone", "'Mars/Olympus'"),
+        ({"cron": "* * * * *", "every": "1m"}, "when", "'cron, every'"),
+        ({"every": "1m", "start": "2026-02-01", "end": "2026-01-01"}, "end", ""),
+        ({"every": "1m", "jitter": "a bit"}, "jitter", "'a bit'"),
+    ],
+)
+def test_a_bad_recurrence_names_its_field_and_value(
+    given: dict[str, str], field: str, shown: str
+) -> None:
+    with pytest.raises(ScheduleError, match=re.escape(f"invalid schedule {field}={shown}")):
+        Recurrence.parse(**given)  # type: ignore[arg-type]
+
+
+def test_schedules_are_created_changed_and_listed_with_their_revisions(tmp_path: Path) -> None:
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    clock = FakeClock(utc(2026, 1, 1))
+    made = create_schedule(cfg, "nightly", "reports", "run", cron="0 2 * * *",
+                           time_zone=BERLIN, clock=clock)  # fmt: skip
+    assert (made.revision, made.state) == (1, "active")
+    assert made.next_times(clock.now(), 2) == [utc(2026, 1, 1, 1), utc(2026, 1, 2, 1)]
+    assert made.message_id(utc(2026, 1, 1, 1)) == f"nightly:r1:{to_millis(utc(2026, 1, 1, 1))}"
+    with pytest.raises(ScheduleError, match="invalid schedule name='nightly': a schedule"):
+        create_schedule(cfg, "nightly", "reports", "again", every="1m")
+    with pytest.raises(ScheduleError, match="invalid schedule name='no such!'"):
+        create_schedule(cfg, "no such!", "reports", "run", every="1m")
+    with pytest.raises(InvalidMessageError, match="invalid message topic="):
+        create_schedule(cfg, "bad-topic", "", "run", every="1m")
+    moved = update_schedule(cfg, "nightly", cron="0 3 * * *", clock=clock)
+    assert (moved.revision, moved.recurrence.time_zone, moved.body) == (2, BERLIN, b"run")
+    assert pause_schedule(cfg, "nightly", clock=clock).next_times(clock.now()) == []
+    assert resume_schedule(cfg, "nightly", clock=clock).revision == 4
+    assert [(s.name, s.state) for s in list_schedules(cfg)] == [("nightly", "active")]
+    delete_schedule(cfg, "nightly", clock=clock)
+    assert list_schedules(cfg) == []
+    with pytest.raises(ScheduleError, match="no such schedule"):
+        pause_schedule(cfg, "nightly")
+    history = read_revisions(recurring_table(cfg))["nightly"]
+    assert [r.action for r in history] == ["create", "update", "pause", "resume", "delete"]
+
+
+def _span(batch: int, since: datetime, now: datetime, version: int, before: int) -> Span:
+    return Span(batch, since, now + LOOKAHEAD, now, version, before)
+
+
+def test_a_batch_sends_what_falls_in_its_span_and_cancels_what_a_change_took_back(
+    tmp_path: Path,
+) -> None:
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    start = utc(2026, 1, 1, 9)
+    clock = FakeClock(start)
+    create_schedule(cfg, "tick", "ticks", "t", every="2s", clock=clock)
+    table = recurring_table(cfg)
+    v1 = table.latest()
+    first = plan_batch({}, read_revisions(table, v1), _span(0, start, start, v1, -1))
+    assert [m.deliver_at for m in first.messages] == [start + timedelta(seconds=s)
+                                                      for s in range(2, 11, 2)]  # fmt: skip
+    assert first.messages[0].msg_id == f"tick:r1:{to_millis(start) + 2000}"
+    clock.advance(seconds=3)  # a pause at 09:00:03: what was sent for 09:00:04-10 is taken back
+    pause_schedule(cfg, "tick", clock=clock)
+    v2 = table.latest()
+    span = _span(1, start + LOOKAHEAD, clock.now(), v2, v1)
+    paused = plan_batch(read_revisions(table, v1), read_revisions(table, v2), span)
+    assert paused.messages == []
+    assert paused.cancels == [f"tick:r1:{to_millis(start) + s * 1000}" for s in (4, 6, 8, 10)]
+    clock.advance(seconds=10)  # resumed at 09:00:13: fires from then, as revision 3
+    resume_schedule(cfg, "tick", clock=clock)
+    v3 = table.latest()
+    span = _span(2, start + LOOKAHEAD, clock.now(), v3, v2)
+    resumed = plan_batch(read_revisions(table, v2), read_revisions(table, v3), span)
+    assert resumed.cancels == []
+    assert resumed.messages[0].msg_id == f"tick:r3:{to_millis(start) + 14_000}"
+
+
+@pytest.mark.parametrize(
+    ("catch_up", "sent", "skipped"),
+    [("skip", [], 3), ("latest", ["09:03"], 2), ("all", ["09:01", "09:02", "09:03"], 0)],
+)
+def test_occurrences_missed_while_no_engine_ran_follow_the_catch_up_policy(
+    tmp_path: Path, catch_up: str, sent: list[str], skipped: int
+) -> None:
+    """The last batch covered up to 09:00:30; the engine comes back at 09:04:05. The minutes
+    09:01-09:03 are over a minute late (missed); 09:04 fires late, 09:05 on time."""
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    clock = FakeClock(utc(2026, 1, 1, 8))
+    create_schedule(cfg, "minutely", "ticks", "t", every="1m", catch_up=catch_up, clock=clock)
+    table = recurring_table(cfg)
+    revisions = read_revisions(table)
+    now = utc(2026, 1, 1, 9, 4, 5)
+    span = Span(7, utc(2026, 1, 1, 9, 0, 30), utc(2026, 1, 1, 9, 5), now, table.latest(), 0)
+    batch = plan_batch(revisions, revisions, span)
+    names = [m.msg_id.rsplit(":", 1)[1] for m in batch.messages]
+    shown = [datetime.fromtimestamp(int(n) / 1000, UTC).strftime("%H:%M") for n in names]
+    assert shown == [*sent, "09:04", "09:05"]
+    assert batch.skipped == ({"minutely": skipped} if skipped else {})
+    due = [m.deliver_at for m in batch.messages]
+    if catch_up == "all":  # spread from now, 100 ms apart
+        assert due[:3] == [now + timedelta(milliseconds=ms) for ms in (0, 100, 200)]
+    assert due[-2:] == [utc(2026, 1, 1, 9, 4), utc(2026, 1, 1, 9, 5)]  # never before its time
+    assert timedelta(seconds=60) == GRACE  # (what "over a minute late" above relies on)
+
+
+def test_a_batch_replayed_after_a_crash_sends_nothing_twice(tmp_path: Path) -> None:
+    """The plan is written before the send, the send records ``txn`` = the batch: a firing
+    that dies after sending and before committing replays the same batch, finds its
+    ``txn``, and sends nothing again; a later batch goes on from its horizon."""
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    clock = FakeClock(utc(2026, 1, 1, 9))
+    create_schedule(cfg, "tick", "ticks", "t", every="1s", clock=clock)
+    sent: list[tuple[Txn, list[str]]] = []
+    recorded: dict[str, int] = {}
+
+    def send(messages: list[Message], txn: Txn) -> None:
+        sent.append((txn, [m.msg_id or "" for m in messages]))
+        recorded[txn.app_id] = txn.version
+
+    class Died(Exception):
+        pass
+
+    def dying_commit(*args: object, **kwargs: object) -> None:
+        raise Died
+
+    firing = Firing(cfg, clock, send=send, cancel=lambda ids: None)
+    firing.commitlog.txn_version = lambda app: recorded.get(app)  # type: ignore[method-assign]
+    write = firing.log.write
+    firing.log.write = lambda n, rows, planned=False, exclusive=False: (  # type: ignore[method-assign]
+        write(n, rows, planned, exclusive) if planned else dying_commit()
+    )
+    with pytest.raises(Died):
+        firing.run()
+    assert [t.version for t, _ in sent] == [0]
+    again = Firing(cfg, clock, send=send, cancel=lambda ids: None)  # the restart
+    again.commitlog.txn_version = lambda app: recorded.get(app)  # type: ignore[method-assign]
+    assert again.run().batch == 0  # the pending plan, replayed
+    assert len(sent) == 1  # its send was recorded: not again
+    clock.advance(seconds=5)
+    assert again.run().sent == 5  # the next batch: the 5 seconds after the first's horizon
+    ids = [i for _, batch in sent for i in batch]
+    assert len(ids) == len(set(ids)) == 15
