@@ -22,6 +22,8 @@ Examples::
     delayq dlq show --group billing 5D0E...
     delayq dlq resend --group billing --key order-7   # or --id ID, or --all
     delayq dlq purge --group billing --all            # asks first (--yes to skip)
+    delayq schedule create nightly --topic reports --body run --cron "30 2 * * *"
+    delayq schedule list --next 3          # recurring schedules (update, pause, resume, ...)
 
 Every command takes ``--conf FILE`` and any number of ``--set key=value`` overrides
 (after the command name). When an engine runs on the lakehouse, commands other than ``run``
@@ -39,6 +41,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, TextIO
 
+from engine.control.schedules import add_schedule_parser, cmd_schedule
 from engine.core.config import DEFAULT_CONF, EngineConfig, load_config, parse_override
 from engine.core.errors import ConfigError, DelayQError, InvalidMessageError, LakehouseHeldError
 from engine.run.report import run_main, setup_logging
@@ -178,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     sql = sub.add_parser("sql", parents=[common], help="run a SQL query with tables registered")
     sql.add_argument("query", help='e.g. "SELECT * FROM delayq.orders"')
     sql.add_argument("--limit", type=int, default=50, help="rows to show (default 50)")
+    add_schedule_parser(sub, common)
     keep = sub.add_parser(
         "maintain", parents=[common], help="compact small files and delete unneeded ones"
     )
@@ -339,27 +343,11 @@ def _id_lines(path: str) -> list[tuple[int, str, str | None]]:
     return found
 
 
-def _message_property(text: str) -> tuple[str, str]:
-    """A ``--property NAME=VALUE`` of ``delayq send``.
-
-    Raises:
-        InvalidMessageError: naming the field ``property`` and the text, without ``=`` or a
-            name.
-
-    Example:
-        >>> _message_property("region = eu")
-        ('region', 'eu')
-    """
-    name, sep, value = text.partition("=")
-    if not sep or not name.strip():
-        raise InvalidMessageError("property", text, "give it as NAME=VALUE, e.g. region=eu")
-    return name.strip(), value.strip()
-
-
 def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
     """``delayq send``: print the id of every message sent."""
     from pyspark.sql import SparkSession
 
+    from engine.core.message import message_property
     from engine.lakehouse.catalog.session import build_spark
     from engine.produce.send import commitlog_ready, send_many
 
@@ -368,7 +356,7 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
     else:
         if not args.topic or args.body is None:
             raise DelayQError("send needs --topic and --body (or --file)")
-        props = dict(_message_property(p) for p in args.property)
+        props = dict(message_property(p) for p in args.property)
         messages = [
             {
                 "topic": args.topic,
@@ -876,7 +864,10 @@ COMMANDS = {
     "lag": cmd_lag,
     "dlq": cmd_dlq,
     "maintain": cmd_maintain,
+    "schedule": cmd_schedule,
 }
+#: Commands that need no Spark and no engine: carried out here, always.
+NO_SPARK = frozenset({"schedule"})
 
 
 #: Said once when a command starts a Spark of its own.
@@ -919,6 +910,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _dispatch(args: argparse.Namespace, raw: list[str]) -> int:
     """Run the command in the engine on the lakehouse when one answers, else here."""
     cfg = config_from_args(args)
+    if args.command in NO_SPARK:
+        return COMMANDS[args.command](args, cfg)
     if args.command != "run" and not args.local:
         code = _in_engine(args, raw, cfg)
         if code is not None:

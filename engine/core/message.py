@@ -297,6 +297,23 @@ def validate(
     }
 
 
+def message_property(text: str) -> tuple[str, str]:
+    """A ``--property NAME=VALUE`` of the command line (``delayq send``, ``delayq schedule``).
+
+    Raises:
+        InvalidMessageError: naming the field ``property`` and the text, without ``=`` or a
+            name.
+
+    Example:
+        >>> message_property("region = eu")
+        ('region', 'eu')
+    """
+    name, sep, value = text.partition("=")
+    if not sep or not name.strip():
+        raise InvalidMessageError("property", text, "give it as NAME=VALUE, e.g. region=eu")
+    return name.strip(), value.strip()
+
+
 def check_msg_id(msg_id: object) -> None:
     """Refuse a producer's message id that is not 1-128 characters of ``A-Z a-z 0-9 _ . - :``.
 

@@ -37,16 +37,14 @@ from engine.core.levels import parse_duration_ms
 from engine.core.message import Message, validate
 from engine.lakehouse.delta.arrow_delta import ArrowDelta, create_table
 from engine.lakehouse.storage.layout import layout
-from engine.recur.spec import ALL, CATCH_UP, LATEST, Recurrence
+from engine.recur.policy import ALL, CATCH_UP, DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW
+from engine.recur.spec import Recurrence
 from schemas import RECURRING
 
 ACTIVE, PAUSED, DELETED = "active", "paused", "deleted"
 CREATE, UPDATE, PAUSE, RESUME, DELETE = "create", "update", "pause", "resume", "delete"
 #: What a schedule's name may hold: it is part of its messages' ids.
 NAME = re.compile(r"[A-Za-z0-9_.-]{1,80}")
-#: Default catch-up: after downtime, the newest missed occurrence fires once.
-DEFAULT_CATCH_UP = LATEST
-DEFAULT_CATCH_UP_WINDOW = "1d"
 
 
 @dataclass(frozen=True)

@@ -46,7 +46,7 @@ from engine.lakehouse.delta.delta_log import Txn
 from engine.lakehouse.state.offset_log import OffsetLog
 from engine.lakehouse.storage.layout import layout
 from engine.recur.defs import ACTIVE, CREATE, RESUME, RecurringSchedule, read_revisions
-from engine.recur.spec import ALL, LATEST
+from engine.recur.policy import ALL, LATEST
 
 log = logging.getLogger(__name__)
 

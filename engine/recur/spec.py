@@ -41,9 +41,6 @@ from engine.core.levels import parse_duration_ms
 
 CRON, EVERY, AT = "cron", "every", "at"
 KINDS = (CRON, EVERY, AT)
-#: What a schedule does with occurrences missed while no engine ran (see ``recur.fire``).
-SKIP, LATEST, ALL = "skip", "latest", "all"
-CATCH_UP = (SKIP, LATEST, ALL)
 #: Shortest fixed rate (a message a second per schedule).
 MIN_EVERY_MS = 1000
 #: Most listed times in one schedule.

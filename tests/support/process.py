@@ -28,8 +28,8 @@ def cli(capsys: pytest.CaptureFixture[str], cfg: EngineConfig, *args: str) -> tu
         "levels.delays": "1s 2s 3s",
     }
     overrides = [arg for key, value in settings.items() for arg in ("--set", f"{key}={value}")]
-    # a dlq action takes the overrides after its name (delayq dlq list --set ...)
-    words = [command, rest[0], *overrides, *rest[1:]] if command == "dlq" else [
+    # a dlq or schedule action takes the overrides after its name (delayq dlq list --set ...)
+    words = [command, rest[0], *overrides, *rest[1:]] if command in ("dlq", "schedule") else [
         command, *overrides, *rest
     ]  # fmt: skip
     code = main(words)

@@ -27,6 +27,7 @@ from engine.recur.defs import (
 )
 from engine.recur.fire import GRACE, LOOKAHEAD, Firing, Span, plan_batch
 from engine.recur.spec import Recurrence
+from tests.support.process import cli
 
 NEW_YORK = "America/New_York"
 BERLIN = "Europe/Berlin"
@@ -229,3 +230,26 @@ def test_a_batch_replayed_after_a_crash_sends_nothing_twice(tmp_path: Path) -> N
     assert again.run().sent == 5  # the next batch: the 5 seconds after the first's horizon
     ids = [i for _, batch in sent for i in batch]
     assert len(ids) == len(set(ids)) == 15
+
+
+def test_the_command_line_manages_schedules_and_names_what_is_wrong(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    made = cli(capsys, cfg, "schedule", "create", "nightly", "--topic", "reports", "--body",
+               "run", "--cron", "30 2 * * *", "--time-zone", BERLIN)  # fmt: skip
+    assert made == (0, 'nightly r1 active: cron "30 2 * * *" in Europe/Berlin -> reports\n', "")
+    code, out, _ = cli(capsys, cfg, "schedule", "list", "--next", "2")
+    lines = out.splitlines()
+    assert code == 0 and lines[0].startswith("nightly r1 active")
+    assert [line.split()[0] for line in lines[1:]] == ["next", "next"]
+    assert lines[1].endswith("T02:30:00+01:00")  # in the schedule's zone
+    assert cli(capsys, cfg, "schedule", "pause", "nightly")[1].startswith("nightly r2 paused")
+    code, _, err = cli(capsys, cfg, "schedule", "create", "x", "--topic", "t", "--body", "b",
+                       "--every", "1m", "--time-zone", "Nowhere/Else")  # fmt: skip
+    assert (code, err.strip()) == (
+        2, "delayq: error: invalid schedule time_zone='Nowhere/Else': not an IANA time zone "
+        "(such as Europe/Berlin)",
+    )  # fmt: skip
+    code, _, err = cli(capsys, cfg, "schedule", "update", "x", "--every", "1m")
+    assert (code, err.strip()) == (2, "delayq: error: invalid schedule name='x': no such schedule")
