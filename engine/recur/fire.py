@@ -35,8 +35,10 @@ import logging
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
+
+import pyarrow as pa
 
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
@@ -60,6 +62,8 @@ GRACE = timedelta(seconds=60)
 CATCH_UP_SPACING = timedelta(milliseconds=100)
 #: Firing batches kept in the log.
 RETAIN = 200
+#: "Not within a year": the next occurrence of a schedule that has none soon.
+FAR = datetime.max.replace(tzinfo=UTC)
 
 
 @dataclass(frozen=True)
@@ -103,11 +107,29 @@ class Span:
 
 
 @dataclass(frozen=True)
-class FireBatch:
-    """What a batch does: the messages it sends, the ids it cancels, per schedule how many
-    missed occurrences it skips."""
+class Fired:
+    """One occurrence a batch sends: its schedule (the revision), its time, when it is due."""
 
-    messages: list[Message] = field(default_factory=list)
+    schedule: RecurringSchedule
+    occurrence: datetime
+    deliver_at: datetime
+
+    @property
+    def msg_id(self) -> str:
+        """The message's id: ``<name>:r<revision>:<occurrence ms>``."""
+        return self.schedule.message_id(self.occurrence)
+
+    def message(self) -> Message:
+        """The message, as :func:`engine.produce.send.send_many` takes it."""
+        return self.schedule.message(self.occurrence, self.deliver_at)
+
+
+@dataclass(frozen=True)
+class FireBatch:
+    """What a batch does: the occurrences it sends, the ids it cancels, per schedule how
+    many missed occurrences it skips."""
+
+    fired: list[Fired] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
 
@@ -126,20 +148,26 @@ def plan_batch(
     before: Mapping[str, list[RecurringSchedule]],
     after: Mapping[str, list[RecurringSchedule]],
     span: Span,
+    upcoming: dict[tuple[str, int], datetime] | None = None,
 ) -> FireBatch:
-    """The messages, cancels and skips of a firing batch, from its plan alone.
+    """The occurrences, cancels and skips of a firing batch, from its plan alone.
 
     Args:
         before: each schedule's revisions as the previous batch read them.
         after: each schedule's revisions as this batch reads them.
         span: the batch's plan.
+        upcoming: per (name, revision), its first occurrence after the previous batch's
+            horizon, where known; kept up to date here. An unchanged schedule whose next
+            occurrence is past this horizon is passed over without evaluating it (what
+            makes 100,000 schedules cheap); the answer is the same without it.
 
     Example:
-        >>> plan_batch({}, {"tick": [schedule]}, span).messages[0].msg_id  # doctest: +SKIP
+        >>> plan_batch({}, {"tick": [schedule]}, span).fired[0].msg_id  # doctest: +SKIP
         'tick:r1:1767225660000'
     """
     out = FireBatch()
-    for name, revisions in sorted(after.items()):
+    upcoming = {} if upcoming is None else upcoming
+    for name, revisions in after.items():
         latest = revisions[-1]
         known = before.get(name)
         previous = known[-1] if known else None
@@ -150,13 +178,18 @@ def plan_batch(
                 # what earlier batches sent ahead of a change that took it back
                 taken_back = previous.recurrence.between(new[0].effective, span.since)
                 out.cancels.extend(previous.message_id(t) for t in taken_back)
+                upcoming.pop((name, previous.revision), None)
             since = new[0].effective
             for r in new:
                 if r.action in (CREATE, RESUME):
                     since = r.effective  # (occurrences while it was paused do not fire)
+        elif (nxt := upcoming.get((name, latest.revision))) is not None and nxt > span.horizon:
+            continue  # nothing of it in this span
         if latest.state != ACTIVE:
             continue
         _fire(latest, since, span, out)
+        following = latest.next_times(span.horizon, 1, horizon_days=366)
+        upcoming[(name, latest.revision)] = following[0] if following else FAR
     return out
 
 
@@ -164,22 +197,22 @@ def _fire(schedule: RecurringSchedule, since: datetime, span: Span, out: FireBat
     """Add ``schedule``'s occurrences in ``(since, span.horizon]``: on time, or missed."""
     missed_before = span.now - GRACE
     oldest = span.now - GRACE - schedule.catch_up_window
-    times = schedule.recurrence.between(max(since, oldest), span.horizon)
-    skipped = sum(1 for _ in schedule.recurrence.between(since, oldest)) if since < oldest else 0
+    rec = schedule.recurrence
+    times = rec.between(max(since, oldest), span.horizon)
+    skipped = rec.count_between(since, oldest) if since < oldest else 0
     missed = [t for t in times if t < missed_before]
     if missed:
         if schedule.catch_up == ALL:
             for i, t in enumerate(missed):
-                out.messages.append(schedule.message(t, span.now + i * CATCH_UP_SPACING))
+                out.fired.append(Fired(schedule, t, span.now + i * CATCH_UP_SPACING))
         elif schedule.catch_up == LATEST:
             t = missed[-1]
-            out.messages.append(schedule.message(t, t))  # (due: delivered at once)
+            out.fired.append(Fired(schedule, t, t))  # (due: delivered at once)
             skipped += len(missed) - 1
         else:
             skipped += len(missed)
     for t in times[len(missed) :]:
-        at = t + schedule.recurrence.jitter(schedule.message_id(t))
-        out.messages.append(schedule.message(t, at))
+        out.fired.append(Fired(schedule, t, t + rec.jitter(schedule.message_id(t))))
     if skipped:
         out.skipped[schedule.name] = skipped
 
@@ -190,8 +223,8 @@ class Firing:
     Args:
         cfg: engine configuration.
         clock: the time occurrences are judged by.
-        send: appends messages to ``commitlog`` in one commit with a ``txn``
-            (:func:`engine.produce.send.send_many`'s signature, without the session).
+        send: appends rows (:func:`fired_rows`) to ``commitlog`` in one commit recording
+            the ``txn`` (:func:`engine.produce.send.send_arrow`, without the session).
         cancel: issues cancels of message ids without waiting for them.
     """
 
@@ -200,7 +233,7 @@ class Firing:
         cfg: EngineConfig,
         clock: Clock | None = None,
         *,
-        send: Callable[[list[Message], Txn], object],
+        send: Callable[[pa.Table, Txn], object],
         cancel: Callable[[list[str]], object],
     ) -> None:
         self.cfg = cfg
@@ -213,6 +246,8 @@ class Firing:
         self._cancel = cancel
         self._done: Span | None = None  # the last span covered (in memory, or committed)
         self._lock = threading.Lock()
+        self._read: dict[int, dict[str, list[RecurringSchedule]]] = {}  # by table version
+        self._upcoming: dict[tuple[str, int], datetime] = {}  # see plan_batch
         self.sent = 0
         self.skipped = 0
 
@@ -236,7 +271,7 @@ class Firing:
             horizon = max(now + LOOKAHEAD, done.horizon)
             span = Span(done.batch + 1, done.horizon, horizon, now, version, done.version)
             work = self._plan(span)
-            if not work.messages and not work.cancels and not work.skipped:
+            if not work.fired and not work.cancels and not work.skipped:
                 # nothing to send: covered without a write (a restart plans it again)
                 self._done = replace(span, batch=done.batch)
                 return FireOutcome()
@@ -258,7 +293,7 @@ class Firing:
             done = self._done
             if done is None or done.version != version:
                 return False  # (a change not looked at yet)
-            schedules = read_revisions(self.table, version).values()
+            schedules = self._revisions(version).values()
             return not any(revs[-1].next_times(done.horizon, 1) for revs in schedules)
 
     def _start(self) -> Span | None:
@@ -275,23 +310,65 @@ class Firing:
             return Span.from_row(planned[0])
         return None
 
+    def _revisions(self, version: int) -> dict[str, list[RecurringSchedule]]:
+        """The schedules' revisions at ``version`` (read once; the two newest are kept)."""
+        if version < 0:
+            return {}
+        if version not in self._read:
+            self._read = {v: r for v, r in self._read.items() if v > version - 2}
+            self._read[version] = read_revisions(self.table, version)
+        return self._read[version]
+
     def _plan(self, span: Span) -> FireBatch:
-        before = read_revisions(self.table, span.before) if span.before >= 0 else {}
-        return plan_batch(before, read_revisions(self.table, span.version), span)
+        before, after = self._revisions(span.before), self._revisions(span.version)
+        return plan_batch(before, after, span, self._upcoming)
 
     def _apply(self, span: Span, work: FireBatch | None = None) -> FireOutcome:
         work = work or self._plan(span)
         if work.cancels:
             self._cancel(work.cancels)
         recorded = self.commitlog.txn_version(APP_ID)
-        if work.messages and (recorded is None or recorded < span.batch):
-            self._send(work.messages, Txn(APP_ID, span.batch))
+        if work.fired and (recorded is None or recorded < span.batch):
+            self._send(fired_rows(work.fired), Txn(APP_ID, span.batch))
         self.log.write(span.batch, [span.row("committed")])
         if span.batch > RETAIN:
             self.log.purge(span.batch - RETAIN)
         self._done = span
-        self.sent += len(work.messages)
+        self.sent += len(work.fired)
         for name, n in work.skipped.items():
             self.skipped += n
             log.warning("recurring schedule %s: %d missed occurrence(s) skipped", name, n)
-        return FireOutcome(span.batch, len(work.messages), len(work.cancels), work.skipped)
+        return FireOutcome(span.batch, len(work.fired), len(work.cancels), work.skipped)
+
+
+#: The ``commitlog`` columns a firing batch sends (``store_ts`` is the commit's).
+_ROW_TYPES = {
+    "msg_id": pa.string(),
+    "topic": pa.string(),
+    "keys": pa.list_(pa.string()),
+    "tags": pa.string(),
+    "properties": pa.map_(pa.string(), pa.string()),
+    "body": pa.binary(),
+    "deliver_at": pa.timestamp("us", tz="UTC"),
+}
+
+
+def fired_rows(fired: list[Fired]) -> pa.Table:
+    """The ``commitlog`` rows of fired occurrences (their templates were checked when the
+    schedules were made).
+
+    Example:
+        >>> fired_rows(batch.fired).column_names[:2]  # doctest: +SKIP
+        ['msg_id', 'topic']
+    """
+    columns: dict[str, list[Any]] = {name: [] for name in _ROW_TYPES}
+    for f in fired:
+        schedule = f.schedule
+        columns["msg_id"].append(f.msg_id)
+        columns["topic"].append(schedule.topic)
+        columns["keys"].append(list(schedule.keys))
+        columns["tags"].append(schedule.tags)
+        columns["properties"].append(list(schedule.properties.items()))
+        columns["body"].append(schedule.body)
+        columns["deliver_at"].append(f.deliver_at)
+    return pa.table({name: pa.array(values, _ROW_TYPES[name]) for name, values in columns.items()})

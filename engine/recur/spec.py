@@ -136,13 +136,40 @@ class Recurrence:
             >>> Recurrence.parse(every="1h").between(_utc(2026, 1, 1), _utc(2026, 1, 1, 2))[-1]
             datetime.datetime(2026, 1, 1, 2, 0, tzinfo=datetime.timezone.utc)
         """
+        span = self._clamped(after, until)
+        return [] if span is None else list(self._occurrences(*span))
+
+    def count_between(self, after: datetime, until: datetime, cap: int = 100_000) -> int:
+        """How many occurrences :meth:`between` would give: a fixed rate's counted without
+        listing them, the others' one by one up to ``cap``.
+
+        Example:
+            >>> Recurrence.parse(every="1s").count_between(_utc(2026, 1, 1), _utc(2026, 1, 2))
+            86400
+        """
+        span = self._clamped(after, until)
+        if span is None:
+            return 0
+        if self.kind == EVERY:
+            period = parse_duration_ms(self.expression, "every")
+            anchor = to_millis(self.start) if self.start is not None else 0
+            first = max(0, (to_millis(span[0]) - anchor) // period + 1)
+            last = (to_millis(span[1]) - anchor) // period
+            return max(0, int(last - first + 1))
+        count = 0
+        for _ in self._occurrences(*span):
+            count += 1
+            if count >= cap:
+                break
+        return count
+
+    def _clamped(self, after: datetime, until: datetime) -> tuple[datetime, datetime] | None:
+        """``(after, until]`` within ``start`` and ``end`` (None: nothing left)."""
         if self.start is not None and after < self.start:
             after = self.start - timedelta(microseconds=1)  # (start itself may occur)
         if self.end is not None and until > self.end:
             until = self.end
-        if until <= after:
-            return []
-        return list(self._occurrences(after, until))
+        return (after, until) if after < until else None
 
     def _occurrences(self, after: datetime, until: datetime) -> Iterator[datetime]:
         if self.kind == EVERY:

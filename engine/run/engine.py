@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
+import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
@@ -48,7 +49,6 @@ from engine.core.errors import (
     StampError,
     one_line,
 )
-from engine.core.message import Message
 from engine.deliver.lateness import Lateness
 from engine.deliver.query import DeliverQuery
 from engine.deliver.quiet import Quiet
@@ -60,7 +60,7 @@ from engine.lakehouse.delta.delta_log import Txn, check_tables_keep_txn
 from engine.lakehouse.delta.tables import ensure_tables
 from engine.lakehouse.state.lease import Heartbeat, Lease
 from engine.lakehouse.storage.layout import layout
-from engine.produce.send import send_many
+from engine.produce.send import send_arrow
 from engine.recur.fire import Firing
 from engine.run.failures import is_transient, retry_or_stop
 from engine.run.upkeep import Upkeep
@@ -295,11 +295,11 @@ class Engine:
         self.stamp_available()
         return self._deliver()
 
-    def _send_recurring(self, messages: list[Message], txn: Txn) -> None:
+    def _send_recurring(self, rows: pa.Table, txn: Txn) -> None:
         """Recurring schedules' messages into ``commitlog``, one commit (a fenced engine
         sends nothing)."""
         self.lease.check()
-        send_many(self.spark, self.cfg, messages, self.clock, engine=True, txn=txn)
+        send_arrow(self.spark, self.cfg, rows, self.clock, txn=txn)
 
     def _cancel_recurring(self, msg_ids: list[str]) -> None:
         """Cancels of occurrences a schedule's change took back, decided by the next round."""

@@ -205,8 +205,8 @@ def arm(point: str, nth: int) -> None:
 
     send_recurring = Engine._send_recurring
 
-    def recurring_sent(self: Engine, messages: Any, txn: Any) -> None:
-        send_recurring(self, messages, txn)
+    def recurring_sent(self: Engine, rows: Any, txn: Any) -> None:
+        send_recurring(self, rows, txn)
         if point == "recurring-sent":
             reached(batch=txn.version)
 

@@ -8,12 +8,12 @@ import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import pyarrow as pa
 import pytest
 
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError, ScheduleError
-from engine.core.message import Message
 from engine.lakehouse.delta.delta_log import Txn
 from engine.recur.defs import (
     create_schedule,
@@ -146,15 +146,15 @@ def test_a_batch_sends_what_falls_in_its_span_and_cancels_what_a_change_took_bac
     table = recurring_table(cfg)
     v1 = table.latest()
     first = plan_batch({}, read_revisions(table, v1), _span(0, start, start, v1, -1))
-    assert [m.deliver_at for m in first.messages] == [start + timedelta(seconds=s)
+    assert [m.deliver_at for m in first.fired] == [start + timedelta(seconds=s)
                                                       for s in range(2, 11, 2)]  # fmt: skip
-    assert first.messages[0].msg_id == f"tick:r1:{to_millis(start) + 2000}"
+    assert first.fired[0].msg_id == f"tick:r1:{to_millis(start) + 2000}"
     clock.advance(seconds=3)  # a pause at 09:00:03: what was sent for 09:00:04-10 is taken back
     pause_schedule(cfg, "tick", clock=clock)
     v2 = table.latest()
     span = _span(1, start + LOOKAHEAD, clock.now(), v2, v1)
     paused = plan_batch(read_revisions(table, v1), read_revisions(table, v2), span)
-    assert paused.messages == []
+    assert paused.fired == []
     assert paused.cancels == [f"tick:r1:{to_millis(start) + s * 1000}" for s in (4, 6, 8, 10)]
     clock.advance(seconds=10)  # resumed at 09:00:13: fires from then, as revision 3
     resume_schedule(cfg, "tick", clock=clock)
@@ -162,7 +162,7 @@ def test_a_batch_sends_what_falls_in_its_span_and_cancels_what_a_change_took_bac
     span = _span(2, start + LOOKAHEAD, clock.now(), v3, v2)
     resumed = plan_batch(read_revisions(table, v2), read_revisions(table, v3), span)
     assert resumed.cancels == []
-    assert resumed.messages[0].msg_id == f"tick:r3:{to_millis(start) + 14_000}"
+    assert resumed.fired[0].msg_id == f"tick:r3:{to_millis(start) + 14_000}"
 
 
 @pytest.mark.parametrize(
@@ -182,11 +182,11 @@ def test_occurrences_missed_while_no_engine_ran_follow_the_catch_up_policy(
     now = utc(2026, 1, 1, 9, 4, 5)
     span = Span(7, utc(2026, 1, 1, 9, 0, 30), utc(2026, 1, 1, 9, 5), now, table.latest(), 0)
     batch = plan_batch(revisions, revisions, span)
-    names = [m.msg_id.rsplit(":", 1)[1] for m in batch.messages]
+    names = [f.msg_id.rsplit(":", 1)[1] for f in batch.fired]
     shown = [datetime.fromtimestamp(int(n) / 1000, UTC).strftime("%H:%M") for n in names]
     assert shown == [*sent, "09:04", "09:05"]
     assert batch.skipped == ({"minutely": skipped} if skipped else {})
-    due = [m.deliver_at for m in batch.messages]
+    due = [f.deliver_at for f in batch.fired]
     if catch_up == "all":  # spread from now, 100 ms apart
         assert due[:3] == [now + timedelta(milliseconds=ms) for ms in (0, 100, 200)]
     assert due[-2:] == [utc(2026, 1, 1, 9, 4), utc(2026, 1, 1, 9, 5)]  # never before its time
@@ -203,8 +203,8 @@ def test_a_batch_replayed_after_a_crash_sends_nothing_twice(tmp_path: Path) -> N
     sent: list[tuple[Txn, list[str]]] = []
     recorded: dict[str, int] = {}
 
-    def send(messages: list[Message], txn: Txn) -> None:
-        sent.append((txn, [m.msg_id or "" for m in messages]))
+    def send(rows: pa.Table, txn: Txn) -> None:
+        sent.append((txn, rows["msg_id"].to_pylist()))
         recorded[txn.app_id] = txn.version
 
     class Died(Exception):
@@ -253,3 +253,29 @@ def test_the_command_line_manages_schedules_and_names_what_is_wrong(
     )  # fmt: skip
     code, _, err = cli(capsys, cfg, "schedule", "update", "x", "--every", "1m")
     assert (code, err.strip()) == (2, "delayq: error: invalid schedule name='x': no such schedule")
+
+
+def test_passing_over_schedules_not_due_changes_nothing_a_batch_sends(tmp_path: Path) -> None:
+    """With the per-schedule next occurrence kept from batch to batch, a batch evaluates only
+    the schedules due in its span; over a day of one-second batches it sends exactly what
+    evaluating every schedule each time sends."""
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    start = utc(2026, 3, 28, 23, 59, 30)
+    clock = FakeClock(start)
+    for name, when in (("m", {"cron": "* * * * *"}), ("q", {"every": "15m"}),
+                       ("b", {"cron": "30 2 * * *", "time_zone": BERLIN}),
+                       ("a", {"at": "2026-03-29T00:00:07Z"})):  # fmt: skip
+        create_schedule(cfg, name, "t", "x", clock=clock, **when)  # type: ignore[arg-type]
+    revisions = read_revisions(recurring_table(cfg))
+    kept: dict[tuple[str, int], datetime] = {}
+    since = start
+    for second in range(1, 3600, 11):
+        now = start + timedelta(seconds=second)
+        span = Span(second, since, now + LOOKAHEAD, now, 0, 0)
+        with_cache = plan_batch(revisions, revisions, span, kept)
+        without = plan_batch(revisions, revisions, span)
+        assert [f.msg_id for f in with_cache.fired] == [f.msg_id for f in without.fired]
+        since = span.horizon
+    assert len(kept) == 4
+    every = Recurrence.parse(every="1s")
+    assert every.count_between(utc(2026, 1, 1), utc(2026, 1, 2)) == 86_400
