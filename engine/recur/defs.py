@@ -167,34 +167,93 @@ def create_schedule(
         >>> made.revision  # doctest: +SKIP
         1
     """
-    _check_name(name)
-    recurrence = Recurrence.parse(
-        cron=cron, every=every, at=at, time_zone=time_zone, start=start, end=end, jitter=jitter
-    )
-    clock = clock or SystemClock()
-    now = clock.now()
-    fields = validate(Message(topic, body, keys, tags, properties), cfg, now)
+    given = {
+        "name": name, "topic": topic, "body": body, "cron": cron, "every": every, "at": at,
+        "time_zone": time_zone, "start": start, "end": end, "jitter": jitter,
+        "catch_up": catch_up, "catch_up_window": catch_up_window, "keys": keys, "tags": tags,
+        "properties": properties,
+    }  # fmt: skip
+    return create_schedules(cfg, [given], clock)[0]
+
+
+def create_schedules(
+    cfg: EngineConfig, schedules: Sequence[Mapping[str, Any]], clock: Clock | None = None
+) -> list[RecurringSchedule]:
+    """Create many schedules in one commit: each a mapping of :func:`create_schedule`'s
+    arguments (``name``, ``topic``, ``body``, ``cron``/``every``/``at``, ...). All or none.
+
+    Raises:
+        ScheduleError: naming the schedule (by its place) and the bad field.
+        InvalidMessageError: a bad message field.
+
+    Example:
+        >>> specs = [{"name": f"s{i}", "topic": "t", "body": "b", "every": "1m"} for i in range(3)]
+        >>> len(create_schedules(cfg, specs))  # doctest: +SKIP
+        3
+    """
+    now = (clock or SystemClock()).now()
     table = recurring_table(cfg)
-    latest = read_schedules(table).get(name)
-    if latest is not None and latest.state != DELETED:
-        raise ScheduleError("name", name, "a schedule of that name exists (update or delete it)")
-    schedule = RecurringSchedule(
-        name=name,
-        revision=(latest.revision + 1) if latest is not None else 1,
+    existing = read_schedules(table)
+    made: list[RecurringSchedule] = []
+    seen: set[str] = set()
+    for spec in schedules:
+        name = spec.get("name")
+        _check_name(name)
+        assert isinstance(name, str)
+        latest = existing.get(name)
+        if name in seen or (latest is not None and latest.state != DELETED):
+            raise ScheduleError(
+                "name", name, "a schedule of that name exists (update or delete it)"
+            )
+        seen.add(name)
+        made.append(_made(cfg, spec, now, (latest.revision + 1) if latest else 1))
+    _append(table, made)
+    return made
+
+
+def _made(
+    cfg: EngineConfig, spec: Mapping[str, Any], now: datetime, revision: int
+) -> RecurringSchedule:
+    """A first revision from :func:`create_schedule`'s arguments, checked."""
+    unknown = sorted(set(spec) - _CREATE_FIELDS)
+    if unknown:
+        raise ScheduleError("schedule", ", ".join(unknown), "not a schedule field")
+    recurrence = Recurrence.parse(
+        cron=spec.get("cron"),
+        every=spec.get("every"),
+        at=spec.get("at"),
+        time_zone=spec.get("time_zone") or "UTC",
+        start=spec.get("start"),
+        end=spec.get("end"),
+        jitter=spec.get("jitter"),
+    )
+    template: list[Any] = [spec.get(k) for k in ("topic", "body", "keys", "tags", "properties")]
+    message = Message(*template)
+    fields = validate(message, cfg, now)
+    return RecurringSchedule(
+        name=spec["name"],
+        revision=revision,
         state=ACTIVE,
         action=CREATE,
         effective=now,
         topic=fields["topic"],
         body=fields["body"],
         recurrence=recurrence,
-        catch_up=_catch_up(catch_up),
-        catch_up_window=timedelta(milliseconds=_window(catch_up_window)),
+        catch_up=_catch_up(spec.get("catch_up") or DEFAULT_CATCH_UP),
+        catch_up_window=timedelta(
+            milliseconds=_window(spec.get("catch_up_window") or DEFAULT_CATCH_UP_WINDOW)
+        ),
         keys=tuple(fields["keys"]),
         tags=fields["tags"],
         properties=fields["properties"],
     )
-    _append(table, schedule)
-    return schedule
+
+
+#: What :func:`create_schedule` takes (besides the lakehouse and the clock).
+_CREATE_FIELDS = frozenset(
+    {"name", "topic", "body", "cron", "every", "at", "time_zone", "start", "end", "jitter",
+     "catch_up", "catch_up_window", "keys", "tags", "properties"}
+)  # fmt: skip
 
 
 def update_schedule(
@@ -356,9 +415,15 @@ def _window(value: object) -> int:
         raise ScheduleError("catch_up_window", value, "expected a duration such as 1d") from None
 
 
-def _append(table: ArrowDelta, schedule: RecurringSchedule) -> None:
+def _append(table: ArrowDelta, schedules: RecurringSchedule | list[RecurringSchedule]) -> None:
+    """Append revisions in one commit."""
+    many = schedules if isinstance(schedules, list) else [schedules]
+    table.append(pa.Table.from_pylist([_row(s) for s in many], schema=table.schema()))
+
+
+def _row(schedule: RecurringSchedule) -> dict[str, Any]:
     rec = schedule.recurrence
-    row = {
+    return {
         "name": schedule.name,
         "revision": schedule.revision,
         "action": schedule.action,
@@ -378,7 +443,6 @@ def _append(table: ArrowDelta, schedule: RecurringSchedule) -> None:
         "catch_up": schedule.catch_up,
         "catch_up_window_ms": schedule.catch_up_window // timedelta(milliseconds=1),
     }
-    table.append(pa.Table.from_pylist([row], schema=table.schema()))
 
 
 def _from_row(row: Mapping[str, Any]) -> RecurringSchedule:
@@ -414,6 +478,7 @@ __all__ = [
     "PAUSED",
     "RecurringSchedule",
     "create_schedule",
+    "create_schedules",
     "delete_schedule",
     "list_schedules",
     "pause_schedule",

@@ -31,8 +31,11 @@ Example:
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
+import time
+from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
@@ -49,6 +52,7 @@ from engine.lakehouse.state.offset_log import OffsetLog
 from engine.lakehouse.storage.layout import layout
 from engine.recur.defs import ACTIVE, CREATE, RESUME, RecurringSchedule, read_revisions
 from engine.recur.policy import ALL, LATEST
+from engine.recur.spec import Recurrence
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +66,8 @@ GRACE = timedelta(seconds=60)
 CATCH_UP_SPACING = timedelta(milliseconds=100)
 #: Firing batches kept in the log.
 RETAIN = 200
+#: The file each schedule's next occurrence is published in (in ``Layout.recurring_next``).
+NEXT_FILE = "next.json"
 #: "Not within a year": the next occurrence of a schedule that has none soon.
 FAR = datetime.max.replace(tzinfo=UTC)
 
@@ -167,6 +173,7 @@ def plan_batch(
     """
     out = FireBatch()
     upcoming = {} if upcoming is None else upcoming
+    times = _Times()
     for name, revisions in after.items():
         latest = revisions[-1]
         known = before.get(name)
@@ -187,18 +194,42 @@ def plan_batch(
             continue  # nothing of it in this span
         if latest.state != ACTIVE:
             continue
-        _fire(latest, since, span, out)
-        following = latest.next_times(span.horizon, 1, horizon_days=366)
-        upcoming[(name, latest.revision)] = following[0] if following else FAR
+        _fire(latest, since, span, out, times)
+        upcoming[(name, latest.revision)] = times.following(latest, span.horizon)
     return out
 
 
-def _fire(schedule: RecurringSchedule, since: datetime, span: Span, out: FireBatch) -> None:
+class _Times:
+    """Occurrences within one batch, worked out once per recurrence and span: 100,000
+    schedules on a few expressions cost a few evaluations, not 100,000."""
+
+    def __init__(self) -> None:
+        self._between: dict[tuple[Recurrence, datetime, datetime], list[datetime]] = {}
+        self._next: dict[tuple[Recurrence, datetime], datetime] = {}
+
+    def between(self, rec: Recurrence, after: datetime, until: datetime) -> list[datetime]:
+        key = (rec, after, until)
+        if key not in self._between:
+            self._between[key] = rec.between(after, until)
+        return self._between[key]
+
+    def following(self, schedule: RecurringSchedule, after: datetime) -> datetime:
+        """The first occurrence after ``after`` (:data:`FAR`: none within a year)."""
+        key = (schedule.recurrence, after)
+        if key not in self._next:
+            found = schedule.next_times(after, 1, horizon_days=366)
+            self._next[key] = found[0] if found else FAR
+        return self._next[key]
+
+
+def _fire(
+    schedule: RecurringSchedule, since: datetime, span: Span, out: FireBatch, times_: _Times
+) -> None:
     """Add ``schedule``'s occurrences in ``(since, span.horizon]``: on time, or missed."""
     missed_before = span.now - GRACE
     oldest = span.now - GRACE - schedule.catch_up_window
     rec = schedule.recurrence
-    times = rec.between(max(since, oldest), span.horizon)
+    times = times_.between(rec, max(since, oldest), span.horizon)
     skipped = rec.count_between(since, oldest) if since < oldest else 0
     missed = [t for t in times if t < missed_before]
     if missed:
@@ -226,6 +257,7 @@ class Firing:
         send: appends rows (:func:`fired_rows`) to ``commitlog`` in one commit recording
             the ``txn`` (:func:`engine.produce.send.send_arrow`, without the session).
         cancel: issues cancels of message ids without waiting for them.
+        published: called after each :meth:`publish` (the catalog names the view then).
     """
 
     def __init__(
@@ -235,6 +267,7 @@ class Firing:
         *,
         send: Callable[[pa.Table, Txn], object],
         cancel: Callable[[list[str]], object],
+        published: Callable[[], object] = lambda: None,
     ) -> None:
         self.cfg = cfg
         self.clock = clock or SystemClock()
@@ -244,12 +277,16 @@ class Firing:
         self.commitlog = ArrowDelta(self.layout.commitlog)
         self._send = send
         self._cancel = cancel
+        self._published = published
+        self._shown: tuple[int, datetime] | None = None  # (version, earliest next) published
         self._done: Span | None = None  # the last span covered (in memory, or committed)
         self._lock = threading.Lock()
         self._read: dict[int, dict[str, list[RecurringSchedule]]] = {}  # by table version
         self._upcoming: dict[tuple[str, int], datetime] = {}  # see plan_batch
         self.sent = 0
         self.skipped = 0
+        #: The newest batches that sent: (occurrences, seconds from planning to committed).
+        self.timings: deque[tuple[int, float]] = deque(maxlen=100)
 
     def run(self) -> FireOutcome:
         """Fire what is due up to the clock plus :data:`LOOKAHEAD` (a pending plan first).
@@ -267,6 +304,7 @@ class Firing:
                 return self._apply(pending)
             done = self._done
             assert done is not None
+            started = time.monotonic()
             now = self.clock.now()
             horizon = max(now + LOOKAHEAD, done.horizon)
             span = Span(done.batch + 1, done.horizon, horizon, now, version, done.version)
@@ -274,9 +312,33 @@ class Firing:
             if not work.fired and not work.cancels and not work.skipped:
                 # nothing to send: covered without a write (a restart plans it again)
                 self._done = replace(span, batch=done.batch)
+                self._publish(now, version)
                 return FireOutcome()
             self.log.write(span.batch, [span.row("planned")], planned=True, exclusive=True)
-            return self._apply(span, work)
+            outcome = self._apply(span, work)
+            self.timings.append((outcome.sent, time.monotonic() - started))
+            self._publish(now, version)
+            return outcome
+
+    def _publish(self, now: datetime, version: int) -> None:
+        """Write each active schedule's next occurrence for the ``schedules`` view
+        (:data:`NEXT_FILE`), when the schedules changed or a published one has come."""
+        if self._shown is not None and self._shown[0] == version and now < self._shown[1]:
+            return
+        times, earliest, lines = _Times(), FAR, []
+        for name, revisions in self._revisions(version).items():
+            latest = revisions[-1]
+            if latest.state != ACTIVE:
+                continue
+            upcoming = times.following(latest, now)
+            earliest = min(earliest, upcoming)
+            row = {"name": name, "revision": latest.revision, "published_ts": now.isoformat(),
+                   "next_fire_ts": None if upcoming == FAR else upcoming.isoformat()}  # fmt: skip
+            lines.append(json.dumps(row))
+        text = "".join(line + "\n" for line in lines)
+        self.log.store.write(f"{self.layout.recurring_next}/{NEXT_FILE}", text.encode())
+        self._shown = (version, earliest)
+        self._published()
 
     def finished(self) -> bool:
         """Whether no active schedule will fire after what has been sent (a schedule without

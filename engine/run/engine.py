@@ -167,7 +167,11 @@ class Engine:
         )
         self.stats = DeliveryStats()
         self.recurring = Firing(
-            cfg, self.clock, send=self._send_recurring, cancel=self._cancel_recurring
+            cfg,
+            self.clock,
+            send=self._send_recurring,
+            cancel=self._cancel_recurring,
+            published=self.catalog.after_publish,
         )
         self._recurring: Upkeep | None = None  # fires recurring schedules while started
         self._row_counts = RowCounts()  # status(): each table's log followed from call to call

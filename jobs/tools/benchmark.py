@@ -68,6 +68,7 @@ from engine.lakehouse.storage.fs import jvm
 from engine.lakehouse.storage.layout import layout
 from engine.lakehouse.storage.location import store_for
 from engine.produce.send import Message, send_arrow, send_df, send_many
+from engine.recur.defs import create_schedules
 from engine.run.engine import Engine
 
 log = logging.getLogger("delayq.bench")
@@ -126,6 +127,8 @@ class BenchPlan:
     scale: tuple[int, ...] = (200_000, 1_000_000)
     #: ``idle``: seconds an engine is measured with nothing to do (after IDLE_SETTLE_S).
     idle_seconds: int = 60
+    #: ``recurring``: schedules firing every minute (cron ``* * * * *``), x minutes measured.
+    recurring: tuple[int, int] = (100_000, 3)
 
 
 QUICK = BenchPlan(
@@ -167,6 +170,7 @@ SMOKE = BenchPlan(
     members=(40, (2,)),
     scale=(20_000,),
     idle_seconds=5,
+    recurring=(1_000, 1),
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
@@ -1213,6 +1217,54 @@ class Bench:
         )
         return result
 
+    def recurring(self) -> dict[str, Any]:
+        """Recurring schedules, each firing every minute (cron ``* * * * *``): every occurrence
+        of the measured minutes once, and how late (visible after its minute)."""
+        count, minutes = self.plan.recurring
+        cfg = self.cfg("recurring")
+        with self.engine(cfg) as engine:
+            self.memory.reset()
+            specs = [
+                {"name": f"r{i:06d}", "topic": "bench_recurring", "body": "tick",
+                 "tags": "recurring", "cron": "* * * * *"}
+                for i in range(count)
+            ]  # fmt: skip
+            self.say(f"recurring: {count:,} schedules firing every minute, {minutes} minute(s)")
+            began = time.monotonic()
+            made = create_schedules(cfg, specs)
+            create_s = time.monotonic() - began
+            created = made[0].effective
+            last = created.replace(second=0, microsecond=0) + timedelta(minutes=minutes)
+            expected = {s.message_id(t) for s in made for t in s.recurrence.between(created, last)}
+            wanted = pa.array(sorted(expected))
+            deadline = last + timedelta(seconds=self.plan.drain_seconds)
+            while True:  # (the schedules go on firing: wait for the measured minutes' rows)
+                time.sleep(2)
+                engine.check_queries()
+                if SystemClock().now() < last:
+                    continue
+                rows = visible_rows(self.spark, cfg, "recurring")
+                rows = rows.filter(pc.is_in(rows["msg_id"], wanted))
+                if rows.num_rows >= len(expected) or SystemClock().now() > deadline:
+                    break
+            timings = [t for t in engine.recurring.timings if t[0]]
+            result: dict[str, Any] = {
+                "schedules": count,
+                "minutes": minutes,
+                "create_seconds": round(create_s, 1),
+                **lateness(rows, len(expected)),
+                "fire_batch_max_s": round(max((t for _, t in timings), default=0.0), 2),
+                "fire_batches": len(timings),
+                "skipped": engine.recurring.skipped,
+                "memory_peak": self.memory.reset(),
+            }
+        self.say(
+            f"  {result['delivered']:,} of {len(expected):,} occurrences: p50/p99 "
+            f"{result['late_p50_ms']}/{result['late_p99_ms']} ms late, {result['early']} early, "
+            f"{result['duplicates']} twice; largest firing batch {result['fire_batch_max_s']} s"
+        )
+        return result
+
     def fanout(self) -> list[dict[str, Any]]:
         """The same rate over 1, 10 and 100 topics."""
         runs = []
@@ -1807,6 +1859,15 @@ def table(results: dict[str, Any]) -> str:
             f"{_n(d.get('files_read_mean')):>7}{_n(r['memory_peak'].get('jvm_heap_used_mb')):>9}"
             f"{_n(r['memory_peak'].get('jvm_heap_live_mb')):>9}"
         )
+    recurring = work.get("recurring")
+    if recurring:
+        r = recurring
+        lines.append(
+            f"recurring {r['schedules']:,} every minute x {r['minutes']}: p50/p99 "
+            f"{r['late_p50_ms']}/{r['late_p99_ms']} ms (early {r['early']}, dup "
+            f"{r['duplicates']}, missing {r['missing']}); largest firing batch "
+            f"{r['fire_batch_max_s']} s"
+        )
     spike = work.get("spike")
     if spike:
         s = spike["spike"]
@@ -2071,6 +2132,7 @@ WORKLOADS = (
     "cli",
     "scale",
     "idle",
+    "recurring",
 )
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]

@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
+from engine.lakehouse.catalog.names import register_all
 from engine.recur.defs import create_schedule, pause_schedule, resume_schedule, update_schedule
 from engine.run.engine import Engine
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
@@ -38,6 +39,14 @@ def test_each_occurrence_arrives_once_at_its_time_across_pause_update_and_restar
     assert sorted(shown) == sorted([*ids, f"once:r1:{to_millis(start) + 5000}"])
     due = sorted(r["deliver_ts"].astimezone(UTC) - start for r in shown.values())
     assert due == [timedelta(seconds=s) for s in (2, 4, 5, 6)]  # at the occurrences
+
+    register_all(spark, cfg)  # (a session's start does it)
+    view = f"{cfg.database}.schedules"
+    shown_sql = spark.sql(f"SELECT * FROM {view} ORDER BY name").collect()
+    states = [(r.name, r.revision, r.state) for r in shown_sql]
+    assert states == [("once", 1, "active"), ("tick", 1, "active")]
+    assert shown_sql[0].next_fire_ts is None  # its one time has come
+    assert shown_sql[1].next_fire_ts.astimezone(UTC) == start + timedelta(seconds=8)
 
     pause_schedule(cfg, "tick", clock=clock)  # at 6 s: 8 to 16 s were sent ahead
     run_for(5, engine)

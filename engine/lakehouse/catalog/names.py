@@ -38,6 +38,7 @@ from engine.lakehouse.catalog.views import (
     delay_offset_query,
     history_query,
     lag_sql,
+    schedules_query,
 )
 from engine.lakehouse.delta.delta_log import list_topics, table_exists
 from engine.lakehouse.storage.fs import list_files
@@ -196,6 +197,18 @@ def register_history_view(spark: SparkSession, cfg: EngineConfig, topics: Iterab
     put_view(spark, cfg.database, HISTORY_VIEW, history_query(cfg.database, names))
 
 
+@_one_at_a_time
+def register_schedules_view(spark: SparkSession, cfg: EngineConfig) -> bool:
+    """Name ``<database>.schedules`` once the engine has published the schedules' next
+    occurrences (the ``recurring`` table must be registered); whether it did."""
+    folder = layout(cfg).recurring_next
+    if not list_files(folder, ".json"):
+        return False
+    ensure_database(spark, cfg)
+    put_view(spark, cfg.database, "schedules", schedules_query(cfg.database, folder))
+    return True
+
+
 def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
     """Topic table name -> path, for the tables some consumer group has committed a
     position in (``None`` when no group ever committed)."""
@@ -256,6 +269,8 @@ def _register_all(spark: SparkSession, cfg: EngineConfig) -> list[str]:
         register_history_view(spark, cfg, topics)
     if "consumer_log" in present:
         register_lag_view(spark, cfg)
+    if "recurring" in present:
+        register_schedules_view(spark, cfg)
     return topics
 
 
@@ -298,7 +313,17 @@ class Catalog:
             self._known.add("delay_offset")
             self._try(register_views)
 
-    def _try(self, register: Callable[..., None], *args: Any) -> None:
+    def after_publish(self) -> None:
+        """Name the recurring schedules' table and view once their first next occurrences
+        are published."""
+        if not self.cfg.register_tables or "schedules" in self._known:
+            return
+        with REGISTERING:
+            self._known.add("schedules")
+            self._try(register_table, "recurring", layout(self.cfg).recurring)
+            self._try(register_schedules_view)
+
+    def _try(self, register: Callable[..., Any], *args: Any) -> None:
         """Names are a convenience: a registration that fails mid-run is logged and
         delivery goes on (queries by path work)."""
         try:

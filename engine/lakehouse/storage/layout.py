@@ -75,6 +75,12 @@ class Layout:
         return f"{self.root}/recurring"
 
     @property
+    def recurring_next(self) -> str:
+        """Folder where the engine publishes each recurring schedule's next occurrence
+        (one file, replaced whole), for the ``schedules`` view."""
+        return self.checkpoint("recurring-next")
+
+    @property
     def topics(self) -> str:
         """Folder holding one table per topic."""
         return f"{self.root}/topics"
