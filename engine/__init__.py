@@ -53,6 +53,14 @@ _WHERE = {
     "send_df": "engine.produce.send",
     "send_many": "engine.produce.send",
     "Engine": "engine.run.engine",
+    "create_schedule": "engine.recur.defs",
+    "create_schedules": "engine.recur.defs",
+    "delete_schedule": "engine.recur.defs",
+    "list_schedules": "engine.recur.defs",
+    "pause_schedule": "engine.recur.defs",
+    "resume_schedule": "engine.recur.defs",
+    "update_schedule": "engine.recur.defs",
+    "ScheduleError": "engine.core.errors",
 }
 _RENAMED = {"refresh_tables": ("engine.lakehouse.catalog.names", "register_all")}
 
@@ -73,12 +81,22 @@ if TYPE_CHECKING:
         DelayQError,
         InvalidMessageError,
         RetryableError,
+        ScheduleError,
     )
     from engine.core.levels import LevelTable, parse_levels
     from engine.core.message import Message
     from engine.lakehouse.catalog.names import register_all as refresh_tables
     from engine.lakehouse.catalog.session import build_spark
     from engine.produce.send import send, send_arrow, send_df, send_many
+    from engine.recur.defs import (
+        create_schedule,
+        create_schedules,
+        delete_schedule,
+        list_schedules,
+        pause_schedule,
+        resume_schedule,
+        update_schedule,
+    )
     from engine.run.engine import Engine
 
 
@@ -115,23 +133,31 @@ __all__ = [
     "Message",
     "Received",
     "RetryableError",
+    "ScheduleError",
     "SimpleConsumer",
     "Status",
     "SystemClock",
     "build_spark",
     "cancel",
     "consume_stream",
+    "create_schedule",
+    "create_schedules",
+    "delete_schedule",
     "forecast",
     "history",
     "lag",
+    "list_schedules",
     "load_config",
     "parse_levels",
+    "pause_schedule",
     "pending",
     "read_status",
     "refresh_tables",
     "reschedule",
+    "resume_schedule",
     "send",
     "send_arrow",
     "send_df",
     "send_many",
+    "update_schedule",
 ]

@@ -138,6 +138,9 @@ class FireBatch:
     fired: list[Fired] = field(default_factory=list)
     cancels: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
+    #: Per (name, revision) evaluated, its first occurrence after the span: for the next
+    #: batch's ``upcoming``, once this one is done.
+    upcoming: dict[tuple[str, int], datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -163,16 +166,17 @@ def plan_batch(
         after: each schedule's revisions as this batch reads them.
         span: the batch's plan.
         upcoming: per (name, revision), its first occurrence after the previous batch's
-            horizon, where known; kept up to date here. An unchanged schedule whose next
-            occurrence is past this horizon is passed over without evaluating it (what
-            makes 100,000 schedules cheap); the answer is the same without it.
+            horizon, where known (the batches' :attr:`FireBatch.upcoming`, merged once each
+            is done). An unchanged schedule whose next occurrence is past this horizon is
+            passed over without evaluating it (what makes 100,000 schedules cheap); the
+            answer is the same without it.
 
     Example:
         >>> plan_batch({}, {"tick": [schedule]}, span).fired[0].msg_id  # doctest: +SKIP
         'tick:r1:1767225660000'
     """
     out = FireBatch()
-    upcoming = {} if upcoming is None else upcoming
+    upcoming = upcoming or {}
     times = _Times()
     for name, revisions in after.items():
         latest = revisions[-1]
@@ -185,7 +189,6 @@ def plan_batch(
                 # what earlier batches sent ahead of a change that took it back
                 taken_back = previous.recurrence.between(new[0].effective, span.since)
                 out.cancels.extend(previous.message_id(t) for t in taken_back)
-                upcoming.pop((name, previous.revision), None)
             since = new[0].effective
             for r in new:
                 if r.action in (CREATE, RESUME):
@@ -195,7 +198,7 @@ def plan_batch(
         if latest.state != ACTIVE:
             continue
         _fire(latest, since, span, out, times)
-        upcoming[(name, latest.revision)] = times.following(latest, span.horizon)
+        out.upcoming[(name, latest.revision)] = times.following(latest, span.horizon)
     return out
 
 
@@ -312,9 +315,14 @@ class Firing:
             if not work.fired and not work.cancels and not work.skipped:
                 # nothing to send: covered without a write (a restart plans it again)
                 self._done = replace(span, batch=done.batch)
+                self._upcoming.update(work.upcoming)
                 self._publish(now, version)
                 return FireOutcome()
-            self.log.write(span.batch, [span.row("planned")], planned=True, exclusive=True)
+            try:
+                self.log.write(span.batch, [span.row("planned")], planned=True, exclusive=True)
+            except BaseException:
+                self._done = None  # (another writer's plan for it: the next call replays it)
+                raise
             outcome = self._apply(span, work)
             self.timings.append((outcome.sent, time.monotonic() - started))
             self._publish(now, version)
@@ -386,13 +394,20 @@ class Firing:
         return plan_batch(before, after, span, self._upcoming)
 
     def _apply(self, span: Span, work: FireBatch | None = None) -> FireOutcome:
-        work = work or self._plan(span)
-        if work.cancels:
-            self._cancel(work.cancels)
-        recorded = self.commitlog.txn_version(APP_ID)
-        if work.fired and (recorded is None or recorded < span.batch):
-            self._send(fired_rows(work.fired), Txn(APP_ID, span.batch))
-        self.log.write(span.batch, [span.row("committed")])
+        """Carry out a planned batch (its plan is written): cancels, the send, the commit.
+        A failure leaves the plan to be replayed by the next call, as after a restart."""
+        try:
+            work = work or self._plan(span)
+            if work.cancels:
+                self._cancel(work.cancels)
+            recorded = self.commitlog.txn_version(APP_ID)
+            if work.fired and (recorded is None or recorded < span.batch):
+                self._send(fired_rows(work.fired), Txn(APP_ID, span.batch))
+            self.log.write(span.batch, [span.row("committed")])
+        except BaseException:
+            self._done = None  # the next call reads the log again: it finds the plan
+            raise
+        self._upcoming.update(work.upcoming)
         if span.batch > RETAIN:
             self.log.purge(span.batch - RETAIN)
         self._done = span

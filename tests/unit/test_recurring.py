@@ -57,6 +57,10 @@ def test_a_cron_time_that_spring_forward_skips_fires_at_the_change_and_once_on_f
         "2026-11-01T01:30:00-04:00",
         "2026-11-02T01:30:00-05:00",
     ]
+    berlin = Recurrence.parse(cron="30 2 * * *", time_zone=BERLIN)  # 02:30 happens twice
+    assert local(BERLIN, berlin.between(utc(2026, 10, 24, 12), utc(2026, 10, 25, 12))) == [
+        "2026-10-25T02:30:00+02:00"
+    ]
     often = Recurrence.parse(cron="*/30 * * * *", time_zone=NEW_YORK)
     hour = often.between(utc(2026, 11, 1, 4, 59), utc(2026, 11, 1, 6, 30))
     assert local(NEW_YORK, hour) == [
@@ -273,9 +277,36 @@ def test_passing_over_schedules_not_due_changes_nothing_a_batch_sends(tmp_path: 
         now = start + timedelta(seconds=second)
         span = Span(second, since, now + LOOKAHEAD, now, 0, 0)
         with_cache = plan_batch(revisions, revisions, span, kept)
+        kept.update(with_cache.upcoming)  # (as the firing does once a batch is done)
         without = plan_batch(revisions, revisions, span)
         assert [f.msg_id for f in with_cache.fired] == [f.msg_id for f in without.fired]
         since = span.horizon
     assert len(kept) == 4
     every = Recurrence.parse(every="1s")
     assert every.count_between(utc(2026, 1, 1), utc(2026, 1, 2)) == 86_400
+
+
+def test_a_send_that_fails_is_sent_by_the_next_run_from_the_same_plan(tmp_path: Path) -> None:
+    """The storage refuses the send once: the batch's plan stays, the next run (a second
+    later) replays it and sends exactly its occurrences, and the one after goes on."""
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    clock = FakeClock(utc(2026, 1, 1, 9))
+    create_schedule(cfg, "tick", "ticks", "t", every="1s", clock=clock)
+    sent: list[list[str]] = []
+    failures = [OSError("storage unavailable")]
+
+    def send(rows: pa.Table, txn: Txn) -> None:
+        if failures:
+            raise failures.pop()
+        sent.append(rows["msg_id"].to_pylist())
+
+    firing = Firing(cfg, clock, send=send, cancel=lambda ids: None)
+    with pytest.raises(OSError, match="storage unavailable"):
+        firing.run()
+    clock.advance(seconds=1)
+    assert firing.run().batch == 0  # the same batch, from its plan
+    clock.advance(seconds=1)
+    assert firing.run().batch == 1
+    ids = [i for batch in sent for i in batch]
+    start = to_millis(utc(2026, 1, 1, 9))
+    assert ids == [f"tick:r1:{start + s * 1000}" for s in range(1, 13)]
