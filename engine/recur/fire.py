@@ -50,6 +50,7 @@ from engine.lakehouse.delta.arrow_delta import ArrowDelta
 from engine.lakehouse.delta.delta_log import Txn
 from engine.lakehouse.state.offset_log import OffsetLog
 from engine.lakehouse.storage.layout import layout
+from engine.lakehouse.storage.store import Store
 from engine.recur.defs import ACTIVE, CREATE, RESUME, RecurringSchedule, read_revisions
 from engine.recur.policy import ALL, LATEST
 from engine.recur.spec import Recurrence
@@ -288,6 +289,7 @@ class Firing:
         self._upcoming: dict[tuple[str, int], datetime] = {}  # see plan_batch
         self.sent = 0
         self.skipped = 0
+        self._skipped: dict[str, int] | None = None  # per schedule, as published (see _start)
         #: The newest batches that sent: (occurrences, seconds from planning to committed).
         self.timings: deque[tuple[int, float]] = deque(maxlen=100)
 
@@ -329,11 +331,13 @@ class Firing:
             return outcome
 
     def _publish(self, now: datetime, version: int) -> None:
-        """Write each active schedule's next occurrence for the ``schedules`` view
-        (:data:`NEXT_FILE`), when the schedules changed or a published one has come."""
+        """Write each active schedule's next occurrence and how many of its occurrences were
+        skipped so far, for the ``schedules`` view (:data:`NEXT_FILE`): when the schedules
+        changed, a published next occurrence has come, or some were skipped."""
         if self._shown is not None and self._shown[0] == version and now < self._shown[1]:
             return
         times, earliest, lines = _Times(), FAR, []
+        skipped = self._skipped or {}
         for name, revisions in self._revisions(version).items():
             latest = revisions[-1]
             if latest.state != ACTIVE:
@@ -341,12 +345,17 @@ class Firing:
             upcoming = times.following(latest, now)
             earliest = min(earliest, upcoming)
             row = {"name": name, "revision": latest.revision, "published_ts": now.isoformat(),
-                   "next_fire_ts": None if upcoming == FAR else upcoming.isoformat()}  # fmt: skip
+                   "next_fire_ts": None if upcoming == FAR else upcoming.isoformat(),
+                   "skipped_total": skipped.get(name, 0)}  # fmt: skip
             lines.append(json.dumps(row))
         text = "".join(line + "\n" for line in lines)
-        self.log.store.write(f"{self.layout.recurring_next}/{NEXT_FILE}", text.encode())
+        self.log.store.write(self._next_path, text.encode())
         self._shown = (version, earliest)
         self._published()
+
+    @property
+    def _next_path(self) -> str:
+        return f"{self.layout.recurring_next}/{NEXT_FILE}"
 
     def finished(self) -> bool:
         """Whether no active schedule will fire after what has been sent (a schedule without
@@ -370,6 +379,8 @@ class Firing:
         """Load the last batch on the first call; a batch planned and not committed."""
         if self._done is not None:
             return None
+        if self._skipped is None:  # (the totals so far: what the last engine published)
+            self._skipped = _published_skips(self.log.store, self._next_path)
         last, rows, planned = self.log.latest()
         if last is not None and rows:
             self._done = Span.from_row(rows[0])
@@ -414,8 +425,25 @@ class Firing:
         self.sent += len(work.fired)
         for name, n in work.skipped.items():
             self.skipped += n
+            totals = self._skipped if self._skipped is not None else {}
+            totals[name] = totals.get(name, 0) + n
+            self._skipped = totals
+            self._shown = None  # (published with the next run)
             log.warning("recurring schedule %s: %d missed occurrence(s) skipped", name, n)
         return FireOutcome(span.batch, len(work.fired), len(work.cancels), work.skipped)
+
+
+def _published_skips(store: Store, path: str) -> dict[str, int]:
+    """Per schedule, the skipped occurrences the last published file counts (none: {})."""
+    data = store.read(path)
+    if data is None:
+        return {}
+    found = {}
+    for line in data.decode("utf-8").splitlines():
+        if line.strip():
+            row = json.loads(line)
+            found[row["name"]] = int(row.get("skipped_total") or 0)
+    return found
 
 
 #: The ``commitlog`` columns a firing batch sends (``store_ts`` is the commit's).

@@ -22,6 +22,8 @@ scrapes runs no query.
 | ``delayq_pending`` | gauge | ``queue``, ``label`` | rows waiting per level (``timer``: times) |
 | ``delayq_watermark_timestamp_seconds`` | gauge | | rows due up to here are delivered |
 | ``delayq_next_due_timestamp_seconds`` | gauge | | earliest pending deliver time |
+| ``delayq_recurring_sent_total`` | counter | | occurrences of recurring schedules sent |
+| ``delayq_recurring_skipped_total`` | counter | | missed occurrences skipped (catch-up) |
 | ``delayq_stamped_total`` | counter | | rows stamped into ``schedule`` |
 | ``delayq_quarantined_total`` | counter | | rows the engine refused |
 | ``delayq_commands_total`` | counter | ``result`` | cancel/reschedule outcomes |
@@ -177,6 +179,15 @@ class EngineCollector(Collector):
                 "The earliest deliver time of a pending row (Unix seconds).",
                 value=queried.next_due_s,
             )
+        recurring = self.engine.recurring
+        yield _counter(
+            "delayq_recurring_sent", "Occurrences of recurring schedules sent.", recurring.sent
+        )
+        yield _counter(
+            "delayq_recurring_skipped",
+            "Occurrences missed while no engine ran and skipped by their catch-up policy.",
+            recurring.skipped,
+        )
         yield _counter("delayq_stamped", "Rows stamped into schedule.", stamping.scheduled)
         yield _counter("delayq_quarantined", "Rows the engine refused.", stamping.quarantined)
         yield _labelled(

@@ -13,6 +13,7 @@ from engine.core.config import EngineConfig
 from engine.lakehouse.catalog.names import register_all
 from engine.recur.defs import create_schedule, pause_schedule, resume_schedule, update_schedule
 from engine.run.engine import Engine
+from engine.run.metrics import EngineCollector
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
 
 pytestmark = pytest.mark.integration
@@ -66,3 +67,7 @@ def test_each_occurrence_arrives_once_at_its_time_across_pause_update_and_restar
     bodies = {r["msg_id"]: r["body"] for r in rows}
     assert {bodies[i] for i in after} == {b"tock"}
     assert restarted.recurring.skipped == 0
+    families = EngineCollector(restarted).collect()
+    scraped = {m.name: m.samples[0].value for m in families if m.samples}
+    assert scraped["delayq_recurring_sent"] == restarted.recurring.sent >= 1
+    assert scraped["delayq_recurring_skipped"] == 0

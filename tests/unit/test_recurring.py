@@ -4,6 +4,7 @@ skips, and the errors a bad schedule gets."""
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -310,3 +311,31 @@ def test_a_send_that_fails_is_sent_by_the_next_run_from_the_same_plan(tmp_path: 
     ids = [i for batch in sent for i in batch]
     start = to_millis(utc(2026, 1, 1, 9))
     assert ids == [f"tick:r1:{start + s * 1000}" for s in range(1, 13)]
+
+
+def test_skipped_occurrences_are_counted_and_published_across_a_restart(tmp_path: Path) -> None:
+    """An engine fires a minutely schedule (``catch_up = skip``), stops, and the next one
+    starts five minutes later: the four minutes more than a minute late are skipped,
+    counted, and written with the schedule's next occurrence for the ``schedules`` view;
+    the engine after that starts from those totals."""
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    clock = FakeClock(utc(2026, 1, 1, 9, 0, 30))
+    create_schedule(cfg, "minutely", "ticks", "t", every="1m", catch_up="skip", clock=clock)
+
+    def firing() -> Firing:
+        return Firing(cfg, clock, send=lambda rows, txn: None, cancel=lambda ids: None)
+
+    first = firing()
+    first.run()
+    clock.advance(seconds=40)  # 09:01:10: 09:01 is sent
+    assert first.run().sent == 1
+    clock.advance(seconds=5 * 60)  # 09:06:10, another engine: 09:02-09:05 are missed
+    second = firing()
+    assert second.run().skipped == {"minutely": 4}
+    published = Path(cfg.lakehouse, "_checkpoints", "recurring-next", "next.json")
+    row = json.loads(published.read_text())
+    assert (row["skipped_total"], row["next_fire_ts"]) == (4, "2026-01-01T09:07:00+00:00")
+    clock.advance(seconds=60)
+    third = firing()
+    third.run()
+    assert json.loads(published.read_text())["skipped_total"] == 4  # kept, not reset

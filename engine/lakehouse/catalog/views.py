@@ -64,14 +64,18 @@ def checkpoint_views(database: str) -> dict[str, str]:
 def schedules_query(database: str, next_path: str) -> str:
     """The query of the ``schedules`` view: each recurring schedule's newest revision (not
     deleted), with its next occurrence as the engine published it at ``next_path`` (null
-    until the engine has seen that revision)."""
+    until the engine has seen that revision) and the missed occurrences it skipped."""
     db = f"`{database}`"
-    published = "STRUCT<name: STRING, revision: BIGINT, next_fire_ts: STRING, published_ts: STRING>"
+    published = (
+        "STRUCT<name: STRING, revision: BIGINT, next_fire_ts: STRING, published_ts: STRING, "
+        "skipped_total: BIGINT>"
+    )
     return (
         "SELECT d.name, d.revision, d.state, d.topic, d.kind, d.expression, d.time_zone, "
         "d.start_ts, d.end_ts, d.jitter_ms, d.catch_up, d.catch_up_window_ms, "
         "d.effective_ts AS changed_ts, CAST(n.r.next_fire_ts AS TIMESTAMP) AS next_fire_ts, "
-        "CAST(n.r.published_ts AS TIMESTAMP) AS engine_seen_ts "
+        "CAST(n.r.published_ts AS TIMESTAMP) AS engine_seen_ts, "
+        "coalesce(n.r.skipped_total, 0) AS skipped_total "
         f"FROM (SELECT *, max(revision) OVER (PARTITION BY name) AS newest FROM {db}.recurring) d "
         f"LEFT JOIN (SELECT from_json(value, '{published}') AS r FROM text.`{next_path}` "
         "WHERE trim(value) != '') n ON n.r.name = d.name AND n.r.revision = d.revision "
