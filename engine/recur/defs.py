@@ -5,11 +5,11 @@ A schedule is a message template (topic, body, keys, tags, properties) and a
 table (``RECURRING``, a plain Delta table: ``SELECT * FROM delta.`<lakehouse>/recurring```
 shows the history); the newest revision of a name is the schedule. The engine fires it
 (:mod:`engine.recur.fire`): each occurrence is one message into ``commitlog``, due at the
-occurrence, with the id ``<name>:r<revision>:<occurrence in epoch ms>``.
+occurrence, with the id ``<name>:<occurrence in epoch ms>``.
 
-Changes take effect from their time: a pause, an update or a delete cancels the occurrences
-the engine had already sent ahead (up to ``LOOKAHEAD`` ahead), and an update or a resume
-fires the new revision's occurrences after it. No Spark session is needed.
+A change applies to the occurrences after those the engine has sent (it sends them 10 s
+ahead): an update, a pause or a delete is seen within a second, and what was sent before it
+is delivered as sent. No Spark session is needed.
 
 Example:
     >>> create_schedule(cfg, "nightly", "reports", "run", cron="0 2 * * *",
@@ -82,13 +82,14 @@ class RecurringSchedule:
     properties: Mapping[str, str] = field(default_factory=dict)
 
     def message_id(self, occurrence: datetime) -> str:
-        """The id of the message an occurrence sends.
+        """The id of the message an occurrence sends: the schedule's name and the occurrence
+        in epoch milliseconds (the same for every revision: an occurrence is sent once).
 
         Example:
             >>> schedule.message_id(datetime(2026, 1, 1, tzinfo=UTC))  # doctest: +SKIP
-            'nightly:r1:1767225600000'
+            'nightly:1767225600000'
         """
-        return f"{self.name}:r{self.revision}:{to_millis(occurrence)}"
+        return f"{self.name}:{to_millis(occurrence)}"
 
     def message(self, occurrence: datetime, deliver_at: datetime) -> Message:
         """The message an occurrence sends, due at ``deliver_at``."""
@@ -103,9 +104,10 @@ class RecurringSchedule:
         )
 
     def next_times(
-        self, after: datetime, count: int = 5, horizon_days: int = 3660
+        self, after: datetime, count: int = 5, within: timedelta = timedelta(days=3660)
     ) -> list[datetime]:
-        """The next ``count`` occurrences after ``after`` (none unless active).
+        """The next ``count`` occurrences after ``after``, within ``within`` of it (none
+        unless active).
 
         Example:
             >>> schedule.next_times(now, 2)  # doctest: +SKIP
@@ -113,14 +115,7 @@ class RecurringSchedule:
         """
         if self.state != ACTIVE:
             return []
-        found: list[datetime] = []
-        until = after
-        step = timedelta(days=1)
-        while len(found) < count and until < after + timedelta(days=horizon_days):
-            since, until = until, until + step
-            found += self.recurrence.between(since, until)[: count - len(found)]
-            step = min(step * 2, timedelta(days=366))
-        return found
+        return self.recurrence.first(after, count, within)
 
 
 def recurring_table(cfg: EngineConfig) -> ArrowDelta:
@@ -373,9 +368,15 @@ def read_revisions(
         return {}
     rows = table.dataset(version).to_table().to_pylist()
     found: dict[str, dict[int, RecurringSchedule]] = {}
-    for row in rows:  # (a revision written twice, by two racing writers: the later wins)
+    # A revision written twice (two writers at once): the later change wins, as in the view.
+    for row in sorted(rows, key=_precedence):
         found.setdefault(row["name"], {})[int(row["revision"])] = _from_row(row)
     return {name: [revs[r] for r in sorted(revs)] for name, revs in found.items()}
+
+
+def _precedence(row: Mapping[str, Any]) -> tuple[int, datetime, str, str]:
+    """The order of revisions: by number, then (two of one number) by time, action, state."""
+    return (int(row["revision"]), row["effective_ts"], row["action"] or "", row["state"] or "")
 
 
 def _change(

@@ -4,8 +4,8 @@ A running engine calls :meth:`Firing.run` about once a second. Each call that ha
 to send is a *firing batch* ``n`` over the time span ``(H[n-1], H[n]]``, ``H[n]`` being the
 clock plus :data:`LOOKAHEAD`: every occurrence in it becomes a timer message in
 ``commitlog``, due at the occurrence (plus its jitter), with the id
-``<name>:r<revision>:<occurrence ms>``. The normal timer path stamps and delivers it, so it
-arrives on time and never early; sent seconds ahead, the send is off the critical path.
+``<name>:<occurrence ms>``. The normal timer path stamps and delivers it, so it arrives on
+time and never early; sent seconds ahead, the send is off the critical path.
 
 Exactly once, across crashes and replays, as the delivery rounds do it:
 
@@ -13,10 +13,16 @@ Exactly once, across crashes and replays, as the delivery rounds do it:
    compares) is written first, put-if-absent, to ``_checkpoints/recurring``;
 2. what the plan implies is computed from the plan alone (:func:`plan_batch`): the same
    messages on every replay;
-3. cancels of occurrences a change took back are issued (twice is harmless), then the
-   messages are appended to ``commitlog`` in one commit recording the ``txn``
+3. the messages are appended to ``commitlog`` in one commit recording the ``txn``
    ``delayq-recurring``/``n``: a replay that finds it recorded appends nothing;
 4. the batch is marked committed.
+
+A change to a schedule applies to the occurrences after those already sent: an active
+schedule changed (updated, paused, deleted) goes on from ``H[n-1]``; one that becomes active
+(created, resumed) starts at its change, or at the previous batch's clock if the writer's
+clock is behind it. An occurrence's id does not depend on the revision, so one sent again
+(a schedule resumed within the seconds its paused revision had sent ahead) is refused by
+stamping's deduplication: an occurrence is delivered once whatever the changes.
 
 A start after downtime finds occurrences older than :data:`GRACE` in its first span: the
 schedule's ``catch_up`` says which fire (``skip``: none; ``latest``: the newest, once;
@@ -26,7 +32,7 @@ The others are counted as skipped, in :attr:`Firing.skipped` and the log.
 Example:
     >>> firing = Firing(cfg, clock)  # doctest: +SKIP
     >>> firing.run()  # doctest: +SKIP
-    FireOutcome(batch=3, sent=12, cancelled=0, skipped={})
+    FireOutcome(batch=3, sent=12, skipped={})
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 import pyarrow as pa
@@ -51,7 +57,14 @@ from engine.lakehouse.delta.delta_log import Txn
 from engine.lakehouse.state.offset_log import OffsetLog
 from engine.lakehouse.storage.layout import layout
 from engine.lakehouse.storage.store import Store
-from engine.recur.defs import ACTIVE, CREATE, RESUME, RecurringSchedule, read_revisions
+from engine.recur.defs import (
+    ACTIVE,
+    CREATE,
+    DELETED,
+    RESUME,
+    RecurringSchedule,
+    read_revisions,
+)
 from engine.recur.policy import ALL, LATEST
 from engine.recur.spec import Recurrence
 
@@ -69,8 +82,8 @@ CATCH_UP_SPACING = timedelta(milliseconds=100)
 RETAIN = 200
 #: The file each schedule's next occurrence is published in (in ``Layout.recurring_next``).
 NEXT_FILE = "next.json"
-#: "Not within a year": the next occurrence of a schedule that has none soon.
-FAR = datetime.max.replace(tzinfo=UTC)
+#: How far ahead a schedule's next occurrence is looked for (beyond: looked for again later).
+SEARCH = timedelta(days=366)
 
 
 @dataclass(frozen=True)
@@ -85,6 +98,7 @@ class Span:
         version: the ``recurring`` version whose schedules fire.
         before: the version the previous batch read (-1: none): a schedule whose newest
             revision differs changed in between.
+        seen: the clock when ``before`` was read: a revision not in it was made later.
     """
 
     batch: int
@@ -93,12 +107,13 @@ class Span:
     now: datetime
     version: int
     before: int
+    seen: datetime
 
     def row(self, status: str) -> dict[str, Any]:
         return {
             "status": status, "batch": self.batch, "since": self.since.isoformat(),
             "horizon": self.horizon.isoformat(), "now": self.now.isoformat(),
-            "version": self.version, "before": self.before,
+            "version": self.version, "before": self.before, "seen": self.seen.isoformat(),
         }  # fmt: skip
 
     @classmethod
@@ -110,6 +125,7 @@ class Span:
             datetime.fromisoformat(row["now"]),
             int(row["version"]),
             int(row["before"]),
+            datetime.fromisoformat(row["seen"]),
         )
 
 
@@ -123,7 +139,7 @@ class Fired:
 
     @property
     def msg_id(self) -> str:
-        """The message's id: ``<name>:r<revision>:<occurrence ms>``."""
+        """The message's id: ``<name>:<occurrence ms>``."""
         return self.schedule.message_id(self.occurrence)
 
     def message(self) -> Message:
@@ -133,11 +149,10 @@ class Fired:
 
 @dataclass(frozen=True)
 class FireBatch:
-    """What a batch does: the occurrences it sends, the ids it cancels, per schedule how
-    many missed occurrences it skips."""
+    """What a batch does: the occurrences it sends, per schedule how many missed occurrences
+    it skips."""
 
     fired: list[Fired] = field(default_factory=list)
-    cancels: list[str] = field(default_factory=list)
     skipped: dict[str, int] = field(default_factory=dict)
     #: Per (name, revision) evaluated, its first occurrence after the span: for the next
     #: batch's ``upcoming``, once this one is done.
@@ -150,7 +165,6 @@ class FireOutcome:
 
     batch: int = -1
     sent: int = 0
-    cancelled: int = 0
     skipped: dict[str, int] = field(default_factory=dict)
 
 
@@ -160,7 +174,7 @@ def plan_batch(
     span: Span,
     upcoming: dict[tuple[str, int], datetime] | None = None,
 ) -> FireBatch:
-    """The occurrences, cancels and skips of a firing batch, from its plan alone.
+    """The occurrences and skips of a firing batch, from its plan alone.
 
     Args:
         before: each schedule's revisions as the previous batch read them.
@@ -185,15 +199,14 @@ def plan_batch(
         previous = known[-1] if known else None
         since = span.since
         if previous is None or previous.revision != latest.revision:
-            new = [r for r in revisions if previous is None or r.revision > previous.revision]
-            if previous is not None and previous.state == ACTIVE:
-                # what earlier batches sent ahead of a change that took it back
-                taken_back = previous.recurrence.between(new[0].effective, span.since)
-                out.cancels.extend(previous.message_id(t) for t in taken_back)
-            since = new[0].effective
-            for r in new:
-                if r.action in (CREATE, RESUME):
-                    since = r.effective  # (occurrences while it was paused do not fire)
+            if previous is None or previous.state != ACTIVE:  # made, or made active again
+                new = [r for r in revisions if previous is None or r.revision > previous.revision]
+                since = new[0].effective
+                for r in new:
+                    if r.action in (CREATE, RESUME):
+                        since = r.effective  # (occurrences while it was paused do not fire)
+                if span.before >= 0:
+                    since = max(since, span.seen)  # (a writer's clock behind the engine's)
         elif (nxt := upcoming.get((name, latest.revision))) is not None and nxt > span.horizon:
             continue  # nothing of it in this span
         if latest.state != ACTIVE:
@@ -209,6 +222,7 @@ class _Times:
 
     def __init__(self) -> None:
         self._between: dict[tuple[Recurrence, datetime, datetime], list[datetime]] = {}
+        self._count: dict[tuple[Recurrence, datetime, datetime], int] = {}
         self._next: dict[tuple[Recurrence, datetime], datetime] = {}
 
     def between(self, rec: Recurrence, after: datetime, until: datetime) -> list[datetime]:
@@ -217,12 +231,19 @@ class _Times:
             self._between[key] = rec.between(after, until)
         return self._between[key]
 
+    def count(self, rec: Recurrence, after: datetime, until: datetime) -> int:
+        key = (rec, after, until)
+        if key not in self._count:
+            self._count[key] = rec.count_between(after, until)
+        return self._count[key]
+
     def following(self, schedule: RecurringSchedule, after: datetime) -> datetime:
-        """The first occurrence after ``after`` (:data:`FAR`: none within a year)."""
+        """The first occurrence after ``after``; without one within :data:`SEARCH`, the end
+        of that search (look again once the horizon passes it)."""
         key = (schedule.recurrence, after)
         if key not in self._next:
-            found = schedule.next_times(after, 1, horizon_days=366)
-            self._next[key] = found[0] if found else FAR
+            found = schedule.recurrence.first(after, 1, SEARCH)
+            self._next[key] = found[0] if found else after + SEARCH
         return self._next[key]
 
 
@@ -234,7 +255,7 @@ def _fire(
     oldest = span.now - GRACE - schedule.catch_up_window
     rec = schedule.recurrence
     times = times_.between(rec, max(since, oldest), span.horizon)
-    skipped = rec.count_between(since, oldest) if since < oldest else 0
+    skipped = times_.count(rec, since, oldest) if since < oldest else 0
     missed = [t for t in times if t < missed_before]
     if missed:
         if schedule.catch_up == ALL:
@@ -260,7 +281,6 @@ class Firing:
         clock: the time occurrences are judged by.
         send: appends rows (:func:`fired_rows`) to ``commitlog`` in one commit recording
             the ``txn`` (:func:`engine.produce.send.send_arrow`, without the session).
-        cancel: issues cancels of message ids without waiting for them.
         published: called after each :meth:`publish` (the catalog names the view then).
     """
 
@@ -270,7 +290,6 @@ class Firing:
         clock: Clock | None = None,
         *,
         send: Callable[[pa.Table, Txn], object],
-        cancel: Callable[[list[str]], object],
         published: Callable[[], object] = lambda: None,
     ) -> None:
         self.cfg = cfg
@@ -280,7 +299,6 @@ class Firing:
         self.table = ArrowDelta(self.layout.recurring)
         self.commitlog = ArrowDelta(self.layout.commitlog)
         self._send = send
-        self._cancel = cancel
         self._published = published
         self._shown: tuple[int, datetime] | None = None  # (version, earliest next) published
         self._done: Span | None = None  # the last span covered (in memory, or committed)
@@ -301,6 +319,8 @@ class Firing:
             12
         """
         with self._lock:
+            started = time.monotonic()
+            now = self.clock.now()  # (before the read: what the read misses is made after it)
             version = self.table.latest()
             if version < 0:
                 return FireOutcome()  # no schedule was ever made
@@ -309,12 +329,10 @@ class Firing:
                 return self._apply(pending)
             done = self._done
             assert done is not None
-            started = time.monotonic()
-            now = self.clock.now()
             horizon = max(now + LOOKAHEAD, done.horizon)
-            span = Span(done.batch + 1, done.horizon, horizon, now, version, done.version)
+            span = Span(done.batch + 1, done.horizon, horizon, now, version, done.version, done.now)
             work = self._plan(span)
-            if not work.fired and not work.cancels and not work.skipped:
+            if not work.fired and not work.skipped:
                 # nothing to send: covered without a write (a restart plans it again)
                 self._done = replace(span, batch=done.batch)
                 self._upcoming.update(work.upcoming)
@@ -331,21 +349,24 @@ class Firing:
             return outcome
 
     def _publish(self, now: datetime, version: int) -> None:
-        """Write each active schedule's next occurrence and how many of its occurrences were
-        skipped so far, for the ``schedules`` view (:data:`NEXT_FILE`): when the schedules
-        changed, a published next occurrence has come, or some were skipped."""
+        """Write each schedule's next occurrence (none while paused) and how many of its
+        occurrences were skipped so far, for the ``schedules`` view (:data:`NEXT_FILE`):
+        when the schedules changed, a published next occurrence has come, or some were
+        skipped."""
         if self._shown is not None and self._shown[0] == version and now < self._shown[1]:
             return
-        times, earliest, lines = _Times(), FAR, []
+        times, earliest, lines = _Times(), now + SEARCH, []
         skipped = self._skipped or {}
         for name, revisions in self._revisions(version).items():
             latest = revisions[-1]
-            if latest.state != ACTIVE:
+            if latest.state == DELETED:
                 continue
-            upcoming = times.following(latest, now)
+            active = latest.state == ACTIVE  # (a paused one: its skipped total, no next)
+            upcoming = times.following(latest, now) if active else now + SEARCH
             earliest = min(earliest, upcoming)
+            found = upcoming < now + SEARCH
             row = {"name": name, "revision": latest.revision, "published_ts": now.isoformat(),
-                   "next_fire_ts": None if upcoming == FAR else upcoming.isoformat(),
+                   "next_fire_ts": upcoming.isoformat() if found else None,
                    "skipped_total": skipped.get(name, 0)}  # fmt: skip
             lines.append(json.dumps(row))
         text = "".join(line + "\n" for line in lines)
@@ -356,6 +377,13 @@ class Firing:
     @property
     def _next_path(self) -> str:
         return f"{self.layout.recurring_next}/{NEXT_FILE}"
+
+    def reset(self) -> None:
+        """Forget what this process knows of the batches (another engine may have fired
+        since): the next run reads the log again, as a start does."""
+        with self._lock:
+            self._done = None
+            self._upcoming = {}
 
     def finished(self) -> bool:
         """Whether no active schedule will fire after what has been sent (a schedule without
@@ -386,7 +414,7 @@ class Firing:
             self._done = Span.from_row(rows[0])
         else:
             now = self.clock.now()
-            self._done = Span(-1, now, now, now, -1, -1)  # a first start: from now
+            self._done = Span(-1, now, now, now, -1, -1, now)  # a first start: from now
         if planned:
             return Span.from_row(planned[0])
         return None
@@ -405,12 +433,10 @@ class Firing:
         return plan_batch(before, after, span, self._upcoming)
 
     def _apply(self, span: Span, work: FireBatch | None = None) -> FireOutcome:
-        """Carry out a planned batch (its plan is written): cancels, the send, the commit.
-        A failure leaves the plan to be replayed by the next call, as after a restart."""
+        """Carry out a planned batch (its plan is written): the send, then the commit. A
+        failure leaves the plan to be replayed by the next call, as after a restart."""
         try:
             work = work or self._plan(span)
-            if work.cancels:
-                self._cancel(work.cancels)
             recorded = self.commitlog.txn_version(APP_ID)
             if work.fired and (recorded is None or recorded < span.batch):
                 self._send(fired_rows(work.fired), Txn(APP_ID, span.batch))
@@ -430,7 +456,7 @@ class Firing:
             self._skipped = totals
             self._shown = None  # (published with the next run)
             log.warning("recurring schedule %s: %d missed occurrence(s) skipped", name, n)
-        return FireOutcome(span.batch, len(work.fired), len(work.cancels), work.skipped)
+        return FireOutcome(span.batch, len(work.fired), work.skipped)
 
 
 def _published_skips(store: Store, path: str) -> dict[str, int]:

@@ -31,11 +31,12 @@ import hashlib
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from itertools import islice
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 from cronsim import CronSim, CronSimError
 
-from engine.core.clock import from_millis, to_millis
+from engine.core.clock import from_millis, to_millis, truncate_ms
 from engine.core.errors import ConfigError, ScheduleError
 from engine.core.levels import parse_duration_ms
 
@@ -125,6 +126,7 @@ class Recurrence:
             if not listed or len(listed) > MAX_AT:
                 raise ScheduleError("at", value, f"give 1 to {MAX_AT} times")
             times = sorted({_instant("at", t, zone) for t in listed})  # type: ignore[type-var]
+            # (two times within a millisecond are one: an occurrence's id is its millisecond)
             expression = " ".join(t.isoformat() for t in times if t is not None)
         return cls(kind, expression, time_zone, first, last, jitter_ms)
 
@@ -138,6 +140,17 @@ class Recurrence:
         """
         span = self._clamped(after, until)
         return [] if span is None else list(self._occurrences(*span))
+
+    def first(self, after: datetime, count: int, within: timedelta) -> list[datetime]:
+        """The first ``count`` occurrences after ``after`` and within ``within`` of it, found
+        without listing the rest.
+
+        Example:
+            >>> Recurrence.parse(every="1s").first(_utc(2026, 1, 1), 2, timedelta(days=366))[-1]
+            datetime.datetime(2026, 1, 1, 0, 0, 2, tzinfo=datetime.timezone.utc)
+        """
+        span = self._clamped(after, after + within)
+        return [] if span is None else list(islice(self._occurrences(*span), count))
 
     def count_between(self, after: datetime, until: datetime, cap: int = 100_000) -> int:
         """How many occurrences :meth:`between` would give: a fixed rate's counted without
@@ -190,7 +203,8 @@ class Recurrence:
             for t in CronSim(self.expression, after.astimezone(zone)):
                 if t > until:
                     return
-                yield t.astimezone(UTC)
+                if t > after:  # (started inside a repeated hour, CronSim may give its first pass)
+                    yield t.astimezone(UTC)
 
     def jitter(self, message_id: str) -> timedelta:
         """This occurrence's share of ``jitter_ms``: fixed by its id.
@@ -222,9 +236,11 @@ def _instant(field: str, value: datetime | str | None, zone: ZoneInfo) -> dateti
             value = datetime.fromisoformat(value.strip())
         except ValueError:
             raise ScheduleError(field, value, "expected an ISO 8601 time") from None
+    if not isinstance(value, datetime):
+        raise ScheduleError(field, value, "expected a datetime or an ISO 8601 time")
     if value.tzinfo is None:
         value = _local(value, zone)
-    return value.astimezone(UTC)
+    return truncate_ms(value.astimezone(UTC))  # (message ids and deliver times are in ms)
 
 
 def _local(naive: datetime, zone: ZoneInfo) -> datetime:

@@ -37,7 +37,6 @@ import pyarrow as pa
 from pyspark.sql import SparkSession
 from pyspark.sql.streaming.query import StreamingQuery
 
-from engine.control.commands import cancel_many
 from engine.control.status import RowCounts, Status, read_status
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
@@ -170,7 +169,6 @@ class Engine:
             cfg,
             self.clock,
             send=self._send_recurring,
-            cancel=self._cancel_recurring,
             published=self.catalog.after_publish,
         )
         self._recurring: Upkeep | None = None  # fires recurring schedules while started
@@ -254,6 +252,7 @@ class Engine:
         self.delivery = Delivery(
             self.spark, self.cfg, self.layout, self.clock, self._sinks, fence=fence
         )
+        self.recurring.reset()  # (another engine may have fired schedules meanwhile)
         self._opened = False
         self.open()
 
@@ -304,11 +303,6 @@ class Engine:
         sends nothing)."""
         self.lease.check()
         send_arrow(self.spark, self.cfg, rows, self.clock, txn=txn)
-
-    def _cancel_recurring(self, msg_ids: list[str]) -> None:
-        """Cancels of occurrences a schedule's change took back, decided by the next round."""
-        self.lease.check()
-        cancel_many(self.spark, self.cfg, msg_ids, wait=0, clock=self.clock)
 
     def _renew(self) -> None:
         """Without the background renewal (stepping by hand), renew at each step."""

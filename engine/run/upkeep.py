@@ -49,6 +49,7 @@ class Upkeep:
         self.what = what
         self.runs = 0
         self.failures = 0
+        self._failing = 0  # failures in a row
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
 
@@ -63,9 +64,14 @@ class Upkeep:
             try:
                 self.run()
                 self.runs += 1
-            except Exception:  # the next run tries again; delivery is not affected
+                self._failing = 0
+            except Exception as err:  # the next run tries again; delivery is not affected
                 self.failures += 1
-                log.exception("%s failed; next try in %g s", self.what, self.interval_s)
+                self._failing += 1
+                if self._failing == 1:  # the traceback once, then a line per failure
+                    log.exception("%s failed; next try in %g s", self.what, self.interval_s)
+                else:
+                    log.error("%s failed again (%d in a row): %s", self.what, self._failing, err)
 
     def stop(self, wait_s: float = STOP_WAIT_S) -> None:
         """Stop; a run in progress finishes first (at most ``wait_s`` seconds)."""

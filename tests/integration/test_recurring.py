@@ -1,5 +1,5 @@
 """Recurring schedules fired by an engine: each occurrence once in its topic, never before its
-time, across a pause, an update and a restart."""
+time, across a pause, a resume, an update and a restart."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from pyspark.sql import SparkSession
 from engine.core.clock import FakeClock, to_millis
 from engine.core.config import EngineConfig
 from engine.lakehouse.catalog.names import register_all
+from engine.lakehouse.storage.layout import layout
 from engine.recur.defs import create_schedule, pause_schedule, resume_schedule, update_schedule
 from engine.run.engine import Engine
 from engine.run.metrics import EngineCollector
@@ -22,6 +23,11 @@ pytestmark = pytest.mark.integration
 def test_each_occurrence_arrives_once_at_its_time_across_pause_update_and_restart(
     spark: SparkSession, cfg: EngineConfig, clock: FakeClock
 ) -> None:
+    """Every 2 s, and once at 5 s. A pause at 6 s lets what was sent (up to 16 s) arrive as
+    sent; a resume with a new body at 11 s sends 12-20 s again, and stamping refuses the
+    occurrences sent before (12, 14, 16 s: one id per occurrence); a restart goes on from
+    the last batch. Each occurrence arrives once, at its time, in the body it was first
+    sent with."""
     start = clock.now().replace(microsecond=0)
     clock.set(start)
     tick = create_schedule(cfg, "tick", "ticks", "tick", every="2s", clock=clock)
@@ -34,10 +40,13 @@ def test_each_occurrence_arrives_once_at_its_time_across_pause_update_and_restar
             clock.advance(seconds=0.5)
         e.step()
 
+    def at(seconds: int) -> str:
+        return tick.message_id(start + timedelta(seconds=seconds))
+
     run_for(6, engine)  # 2, 4, 6 s and "once" at 5 s
     shown = {r["msg_id"]: r for r in delivered_rows(spark, cfg)}
-    ids = [tick.message_id(start + timedelta(seconds=s)) for s in (2, 4, 6)]
-    assert sorted(shown) == sorted([*ids, f"once:r1:{to_millis(start) + 5000}"])
+    once = f"once:{to_millis(start) + 5000}"
+    assert sorted(shown) == sorted([at(2), at(4), at(6), once])
     due = sorted(r["deliver_ts"].astimezone(UTC) - start for r in shown.values())
     assert due == [timedelta(seconds=s) for s in (2, 4, 5, 6)]  # at the occurrences
 
@@ -50,22 +59,23 @@ def test_each_occurrence_arrives_once_at_its_time_across_pause_update_and_restar
     assert shown_sql[1].next_fire_ts.astimezone(UTC) == start + timedelta(seconds=8)
 
     pause_schedule(cfg, "tick", clock=clock)  # at 6 s: 8 to 16 s were sent ahead
-    run_for(5, engine)
-    assert len(delivered_rows(spark, cfg)) == 4, "a paused schedule fires nothing"
+    run_for(5, engine)  # to 11 s
+    assert len(delivered_rows(spark, cfg)) == 6  # 8 and 10 s, as sent
     resume_schedule(cfg, "tick", clock=clock)  # at 11 s, as revision 3
-    moved = update_schedule(cfg, "tick", body="tock", clock=clock)  # revision 4, from 11 s
+    update_schedule(cfg, "tick", body="tock", clock=clock)  # revision 4: 12 s on
     run_for(3, engine)  # to 14 s
     engine.stop()
 
     # a new engine (a restart) goes on from the last batch's horizon: nothing twice
     restarted = Engine(spark, cfg, clock, out=lambda _: None).open()
-    run_for(3, restarted)  # to 17 s
+    run_for(5, restarted)  # to 19 s
     rows = delivered_rows(spark, cfg)
-    after = [moved.message_id(start + timedelta(seconds=s)) for s in (12, 14, 16)]
-    expected = [*ids, f"once:r1:{to_millis(start) + 5000}", *after]
-    assert_exactly_once_never_early(rows, expected)
+    assert_exactly_once_never_early(rows, [once, *(at(s) for s in range(2, 19, 2))])
     bodies = {r["msg_id"]: r["body"] for r in rows}
-    assert {bodies[i] for i in after} == {b"tock"}
+    assert [bodies[at(s)] for s in (10, 12, 14, 16, 18)] == [b"tick"] * 4 + [b"tock"]
+    quarantine = spark.read.format("delta").load(layout(cfg).quarantine).collect()
+    refused = sorted(r.msg_id for r in quarantine if r.reason.startswith("duplicate: "))
+    assert refused == [at(12), at(14), at(16)]  # sent again by the resumed revision
     assert restarted.recurring.skipped == 0
     families = EngineCollector(restarted).collect()
     scraped = {m.name: m.samples[0].value for m in families if m.samples}

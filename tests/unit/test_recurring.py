@@ -1,6 +1,6 @@
 """Recurring schedules without an engine: when they fire (cron in a time zone across
-daylight-saving changes, fixed rates, listed times), what a firing batch sends, cancels and
-skips, and the errors a bad schedule gets."""
+daylight-saving changes, fixed rates, listed times), what a firing batch sends and skips,
+and the errors a bad schedule gets."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import json
 import re
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 import pytest
@@ -17,6 +18,7 @@ from engine.core.config import EngineConfig
 from engine.core.errors import InvalidMessageError, ScheduleError
 from engine.lakehouse.delta.delta_log import Txn
 from engine.recur.defs import (
+    RecurringSchedule,
     create_schedule,
     delete_schedule,
     list_schedules,
@@ -107,7 +109,7 @@ def test_a_bad_recurrence_names_its_field_and_value(
     given: dict[str, str], field: str, shown: str
 ) -> None:
     with pytest.raises(ScheduleError, match=re.escape(f"invalid schedule {field}={shown}")):
-        Recurrence.parse(**given)  # type: ignore[arg-type]
+        Recurrence.parse(**given)
 
 
 def test_schedules_are_created_changed_and_listed_with_their_revisions(tmp_path: Path) -> None:
@@ -117,7 +119,7 @@ def test_schedules_are_created_changed_and_listed_with_their_revisions(tmp_path:
                            time_zone=BERLIN, clock=clock)  # fmt: skip
     assert (made.revision, made.state) == (1, "active")
     assert made.next_times(clock.now(), 2) == [utc(2026, 1, 1, 1), utc(2026, 1, 2, 1)]
-    assert made.message_id(utc(2026, 1, 1, 1)) == f"nightly:r1:{to_millis(utc(2026, 1, 1, 1))}"
+    assert made.message_id(utc(2026, 1, 1, 1)) == f"nightly:{to_millis(utc(2026, 1, 1, 1))}"
     with pytest.raises(ScheduleError, match="invalid schedule name='nightly': a schedule"):
         create_schedule(cfg, "nightly", "reports", "again", every="1m")
     with pytest.raises(ScheduleError, match="invalid schedule name='no such!'"):
@@ -137,37 +139,61 @@ def test_schedules_are_created_changed_and_listed_with_their_revisions(tmp_path:
     assert [r.action for r in history] == ["create", "update", "pause", "resume", "delete"]
 
 
-def _span(batch: int, since: datetime, now: datetime, version: int, before: int) -> Span:
-    return Span(batch, since, now + LOOKAHEAD, now, version, before)
+def _span(
+    batch: int, since: datetime, now: datetime, version: int, before: int, seen: datetime
+) -> Span:
+    return Span(batch, since, now + LOOKAHEAD, now, version, before, seen)
 
 
-def test_a_batch_sends_what_falls_in_its_span_and_cancels_what_a_change_took_back(
-    tmp_path: Path,
-) -> None:
-    cfg = EngineConfig(lakehouse=str(tmp_path))
+def test_a_change_applies_after_what_was_sent_and_an_occurrence_keeps_its_id() -> None:
+    """An update, a pause and a resume, each seen by the next batch: what was sent before a
+    change stays sent; an active schedule goes on from the last batch's horizon (no gap, no
+    overlap); a resumed one starts at the resume, or at the previous batch's clock when the
+    writer's clock is behind it; an occurrence's id is the same in every revision."""
     start = utc(2026, 1, 1, 9)
-    clock = FakeClock(start)
-    create_schedule(cfg, "tick", "ticks", "t", every="2s", clock=clock)
-    table = recurring_table(cfg)
-    v1 = table.latest()
-    first = plan_batch({}, read_revisions(table, v1), _span(0, start, start, v1, -1))
-    assert [m.deliver_at for m in first.fired] == [start + timedelta(seconds=s)
-                                                      for s in range(2, 11, 2)]  # fmt: skip
-    assert first.fired[0].msg_id == f"tick:r1:{to_millis(start) + 2000}"
-    clock.advance(seconds=3)  # a pause at 09:00:03: what was sent for 09:00:04-10 is taken back
-    pause_schedule(cfg, "tick", clock=clock)
-    v2 = table.latest()
-    span = _span(1, start + LOOKAHEAD, clock.now(), v2, v1)
-    paused = plan_batch(read_revisions(table, v1), read_revisions(table, v2), span)
-    assert paused.fired == []
-    assert paused.cancels == [f"tick:r1:{to_millis(start) + s * 1000}" for s in (4, 6, 8, 10)]
-    clock.advance(seconds=10)  # resumed at 09:00:13: fires from then, as revision 3
-    resume_schedule(cfg, "tick", clock=clock)
-    v3 = table.latest()
-    span = _span(2, start + LOOKAHEAD, clock.now(), v3, v2)
-    resumed = plan_batch(read_revisions(table, v2), read_revisions(table, v3), span)
-    assert resumed.cancels == []
-    assert resumed.fired[0].msg_id == f"tick:r3:{to_millis(start) + 14_000}"
+    rec = Recurrence.parse(every="2s")
+
+    def rev(revision: int, action: str, state: str, at: datetime, body: bytes = b"t") -> Any:
+        return RecurringSchedule("tick", revision, state, action, at, "ticks", body, rec)
+
+    made = [rev(1, "create", "active", start)]
+    first = plan_batch({}, {"tick": made}, _span(0, start, start, 1, -1, start))
+    assert [f.occurrence - start for f in first.fired] == [timedelta(seconds=s)
+                                                           for s in (2, 4, 6, 8, 10)]  # fmt: skip
+    assert first.fired[0].msg_id == f"tick:{to_millis(start) + 2000}"
+    # updated at 09:00:03, seen at 09:00:04: the new body from 09:00:12 (10 s were sent)
+    updated = [*made, rev(2, "update", "active", start + timedelta(seconds=3), b"new")]
+    now = start + timedelta(seconds=4)
+    batch = plan_batch(
+        {"tick": made}, {"tick": updated}, _span(1, start + LOOKAHEAD, now, 2, 1, start)
+    )
+    assert [(f.occurrence - start, f.schedule.body) for f in batch.fired] == [
+        (timedelta(seconds=12), b"new"),
+        (timedelta(seconds=14), b"new"),
+    ]
+    # paused at 09:00:05: nothing more (what was sent up to 09:00:14 is delivered as sent)
+    paused = [*updated, rev(3, "pause", "paused", start + timedelta(seconds=5))]
+    now = start + timedelta(seconds=6)
+    span = _span(2, now - timedelta(seconds=2) + LOOKAHEAD, now, 3, 2, now - timedelta(seconds=2))
+    assert plan_batch({"tick": updated}, {"tick": paused}, span).fired == []
+    # resumed at 09:00:30 by a writer whose clock says 09:00:20: from 09:00:30, the
+    # previous batch's clock (occurrences in the pause do not fire)
+    resumed = [*paused, rev(4, "resume", "active", start + timedelta(seconds=20))]
+    now = start + timedelta(seconds=31)
+    span = _span(3, now - timedelta(seconds=1) + LOOKAHEAD, now, 4, 3, now - timedelta(seconds=1))
+    batch = plan_batch({"tick": paused}, {"tick": resumed}, span)
+    assert batch.fired[0].occurrence == start + timedelta(seconds=32)
+    assert batch.fired[0].msg_id == f"tick:{to_millis(start) + 32_000}"
+
+
+def test_a_cron_started_inside_a_repeated_hour_gives_nothing_before_its_start() -> None:
+    """A batch (or a restart) inside the hour that the fall-back change repeats: CronSim
+    would answer that hour's first pass again; an occurrence before the span is not in it."""
+    berlin = Recurrence.parse(cron="30 2 * * *", time_zone=BERLIN)
+    assert berlin.between(utc(2026, 10, 25, 1, 10), utc(2026, 10, 25, 1, 40)) == []
+    assert berlin.count_between(utc(2026, 10, 25, 1, 10), utc(2026, 10, 25, 1, 40)) == 0
+    schedule = RecurringSchedule("n", 1, "active", "create", utc(2026, 1, 1), "t", b"x", berlin)
+    assert schedule.next_times(utc(2026, 10, 25, 1, 10), 1) == [utc(2026, 10, 26, 1, 30)]
 
 
 @pytest.mark.parametrize(
@@ -185,7 +211,8 @@ def test_occurrences_missed_while_no_engine_ran_follow_the_catch_up_policy(
     table = recurring_table(cfg)
     revisions = read_revisions(table)
     now = utc(2026, 1, 1, 9, 4, 5)
-    span = Span(7, utc(2026, 1, 1, 9, 0, 30), utc(2026, 1, 1, 9, 5), now, table.latest(), 0)
+    span = Span(7, utc(2026, 1, 1, 9, 0, 30), utc(2026, 1, 1, 9, 5), now, table.latest(), 0,
+                utc(2026, 1, 1, 9, 0, 20))  # fmt: skip
     batch = plan_batch(revisions, revisions, span)
     names = [f.msg_id.rsplit(":", 1)[1] for f in batch.fired]
     shown = [datetime.fromtimestamp(int(n) / 1000, UTC).strftime("%H:%M") for n in names]
@@ -218,17 +245,17 @@ def test_a_batch_replayed_after_a_crash_sends_nothing_twice(tmp_path: Path) -> N
     def dying_commit(*args: object, **kwargs: object) -> None:
         raise Died
 
-    firing = Firing(cfg, clock, send=send, cancel=lambda ids: None)
-    firing.commitlog.txn_version = lambda app: recorded.get(app)  # type: ignore[method-assign]
+    firing = Firing(cfg, clock, send=send)
+    firing.commitlog.txn_version = lambda app: recorded.get(app)  # type: ignore[method-assign, assignment]
     write = firing.log.write
-    firing.log.write = lambda n, rows, planned=False, exclusive=False: (  # type: ignore[method-assign]
+    firing.log.write = lambda n, rows, planned=False, exclusive=False: (  # type: ignore[method-assign, assignment]
         write(n, rows, planned, exclusive) if planned else dying_commit()
     )
     with pytest.raises(Died):
         firing.run()
     assert [t.version for t, _ in sent] == [0]
-    again = Firing(cfg, clock, send=send, cancel=lambda ids: None)  # the restart
-    again.commitlog.txn_version = lambda app: recorded.get(app)  # type: ignore[method-assign]
+    again = Firing(cfg, clock, send=send)  # the restart
+    again.commitlog.txn_version = lambda app: recorded.get(app)  # type: ignore[method-assign, assignment]
     assert again.run().batch == 0  # the pending plan, replayed
     assert len(sent) == 1  # its send was recorded: not again
     clock.advance(seconds=5)
@@ -276,7 +303,7 @@ def test_passing_over_schedules_not_due_changes_nothing_a_batch_sends(tmp_path: 
     since = start
     for second in range(1, 3600, 11):
         now = start + timedelta(seconds=second)
-        span = Span(second, since, now + LOOKAHEAD, now, 0, 0)
+        span = Span(second, since, now + LOOKAHEAD, now, 0, 0, now)
         with_cache = plan_batch(revisions, revisions, span, kept)
         kept.update(with_cache.upcoming)  # (as the firing does once a batch is done)
         without = plan_batch(revisions, revisions, span)
@@ -301,7 +328,7 @@ def test_a_send_that_fails_is_sent_by_the_next_run_from_the_same_plan(tmp_path: 
             raise failures.pop()
         sent.append(rows["msg_id"].to_pylist())
 
-    firing = Firing(cfg, clock, send=send, cancel=lambda ids: None)
+    firing = Firing(cfg, clock, send=send)
     with pytest.raises(OSError, match="storage unavailable"):
         firing.run()
     clock.advance(seconds=1)
@@ -310,7 +337,7 @@ def test_a_send_that_fails_is_sent_by_the_next_run_from_the_same_plan(tmp_path: 
     assert firing.run().batch == 1
     ids = [i for batch in sent for i in batch]
     start = to_millis(utc(2026, 1, 1, 9))
-    assert ids == [f"tick:r1:{start + s * 1000}" for s in range(1, 13)]
+    assert ids == [f"tick:{start + s * 1000}" for s in range(1, 13)]
 
 
 def test_skipped_occurrences_are_counted_and_published_across_a_restart(tmp_path: Path) -> None:
@@ -323,7 +350,7 @@ def test_skipped_occurrences_are_counted_and_published_across_a_restart(tmp_path
     create_schedule(cfg, "minutely", "ticks", "t", every="1m", catch_up="skip", clock=clock)
 
     def firing() -> Firing:
-        return Firing(cfg, clock, send=lambda rows, txn: None, cancel=lambda ids: None)
+        return Firing(cfg, clock, send=lambda rows, txn: None)
 
     first = firing()
     first.run()
@@ -339,3 +366,22 @@ def test_skipped_occurrences_are_counted_and_published_across_a_restart(tmp_path
     third = firing()
     third.run()
     assert json.loads(published.read_text())["skipped_total"] == 4  # kept, not reset
+
+
+def test_a_schedule_next_due_in_years_is_looked_at_again_and_fires() -> None:
+    """29 February at noon, made on 1 March 2026: nothing within a year, so the batches pass
+    it over until the year is up, look again, and the batch of 2028-02-29 12:00 fires it."""
+    leap = Recurrence.parse(cron="0 12 29 2 *")
+    made = RecurringSchedule("leap", 1, "active", "create", utc(2026, 3, 1), "t", b"x", leap)
+    kept: dict[tuple[str, int], datetime] = {}
+    since = utc(2026, 3, 1)
+    fired = []
+    spans = [(utc(2026, 3, 1, 0, 0, 1), -1), (utc(2027, 3, 2), 1), (utc(2028, 2, 29, 11, 59), 1)]
+    for now, before in spans:
+        span = Span(0, since, now + LOOKAHEAD + timedelta(minutes=2), now, 1, before, now)
+        known = {"leap": [made]} if before >= 0 else {}
+        batch = plan_batch(known, {"leap": [made]}, span, kept)
+        kept.update(batch.upcoming)
+        fired += [f.msg_id for f in batch.fired]
+        since = span.horizon
+    assert fired == [f"leap:{to_millis(utc(2028, 2, 29, 12))}"]

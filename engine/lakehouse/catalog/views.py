@@ -76,10 +76,11 @@ def schedules_query(database: str, next_path: str) -> str:
         "d.effective_ts AS changed_ts, CAST(n.r.next_fire_ts AS TIMESTAMP) AS next_fire_ts, "
         "CAST(n.r.published_ts AS TIMESTAMP) AS engine_seen_ts, "
         "coalesce(n.r.skipped_total, 0) AS skipped_total "
-        f"FROM (SELECT *, max(revision) OVER (PARTITION BY name) AS newest FROM {db}.recurring) d "
+        "FROM (SELECT *, row_number() OVER (PARTITION BY name ORDER BY revision DESC, "
+        f"effective_ts DESC, action DESC, state DESC) AS newest FROM {db}.recurring) d "
         f"LEFT JOIN (SELECT from_json(value, '{published}') AS r FROM text.`{next_path}` "
         "WHERE trim(value) != '') n ON n.r.name = d.name AND n.r.revision = d.revision "
-        "WHERE d.revision = d.newest AND d.state != 'deleted'"
+        "WHERE d.newest = 1 AND d.state != 'deleted'"
     )
 
 
