@@ -205,8 +205,8 @@ def add_run_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--until-idle",
         action="store_true",
-        help="stop once every sent message is delivered or quarantined and no recurring "
-        "schedule fires again",
+        help="stop once every sent message is delivered or quarantined (a recurring "
+        "schedule's occurrences count once sent, 10 s ahead)",
     )
     parser.add_argument(
         "--max-seconds", type=float, metavar="S", help="stop after S seconds whatever is pending"

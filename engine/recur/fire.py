@@ -385,23 +385,18 @@ class Firing:
             self._done = None
             self._upcoming = {}
 
-    def finished(self) -> bool:
-        """Whether no active schedule will fire after what has been sent (a schedule without
-        an end never finishes); ``delayq run --until-idle`` waits for it.
+    def caught_up(self) -> bool:
+        """Whether the schedules as they are now have been looked at: what falls due within
+        the next seconds is sent (and so pending); ``delayq run --until-idle`` waits for it.
+        Occurrences further ahead, not yet sent, do not count.
 
         Example:
-            >>> firing.finished()  # doctest: +SKIP
+            >>> firing.caught_up()  # doctest: +SKIP
             True
         """
         with self._lock:
             version = self.table.latest()
-            if version < 0:
-                return True
-            done = self._done
-            if done is None or done.version != version:
-                return False  # (a change not looked at yet)
-            schedules = self._revisions(version).values()
-            return not any(revs[-1].next_times(done.horizon, 1) for revs in schedules)
+            return version < 0 or (self._done is not None and self._done.version == version)
 
     def _start(self) -> Span | None:
         """Load the last batch on the first call; a batch planned and not committed."""

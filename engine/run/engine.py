@@ -673,8 +673,8 @@ class Engine:
         Prints a progress line every ``delivery.progress_interval``.
 
         Args:
-            until_idle: stop once every message sent is delivered or quarantined and no
-                recurring schedule fires again.
+            until_idle: stop once every message sent is delivered or quarantined (recurring
+                schedules' occurrences count once sent, about 10 s before they are due).
             max_seconds: stop after this long whatever is pending.
             when_warm: called once stamping and delivery have each done a first batch (the first
                 batches of a fresh JVM take several seconds), e.g. to send a demo set.
@@ -712,7 +712,7 @@ class Engine:
                     self.out(f"[{self.clock.now():%H:%M:%S}] {self.progress_line()}")
                     next_line = now + interval
                 if until_idle and now >= next_idle_check:
-                    if self.status().idle and self.recurring.finished():
+                    if self.recurring.caught_up() and self.status().idle:
                         break
                     next_idle_check = now + IDLE_CHECK_S
                 if max_seconds is not None and now - started > max_seconds:
