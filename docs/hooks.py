@@ -74,8 +74,8 @@ VIEWS = {
     "consumer_lag": "consumer group and topic: rows delivered after the group's committed"
     " position (named once a group has committed)",
     "schedules": "recurring schedule not deleted: its newest revision and `next_fire_ts`, its"
-    " next occurrence as the running engine published it (named once an engine has fired"
-    " schedules; see [Recurring schedules](../guides/recurring.md))",
+    " next occurrence not sent yet, as the running engine published it (named once an engine"
+    " has fired schedules; see [Recurring schedules](../guides/recurring.md))",
 }
 
 

@@ -349,22 +349,26 @@ class Firing:
             return outcome
 
     def _publish(self, now: datetime, version: int) -> None:
-        """Write each schedule's next occurrence (none while paused) and how many of its
-        occurrences were skipped so far, for the ``schedules`` view (:data:`NEXT_FILE`):
-        when the schedules changed, a published next occurrence has come, or some were
-        skipped."""
-        if self._shown is not None and self._shown[0] == version and now < self._shown[1]:
+        """Write each schedule's next occurrence not sent yet (none while paused) and how
+        many of its occurrences were skipped so far, for the ``schedules`` view
+        (:data:`NEXT_FILE`): when the schedules changed, the engine has sent a published
+        next occurrence, or some were skipped. (Counted from what is sent, it is rewritten
+        right after a batch, 10 s before the occurrences fall due, not at the instant many
+        may fall due together.)"""
+        assert self._done is not None
+        sent_to = self._done.horizon
+        if self._shown is not None and self._shown[0] == version and sent_to < self._shown[1]:
             return
-        times, earliest, lines = _Times(), now + SEARCH, []
+        times, earliest, lines = _Times(), sent_to + SEARCH, []
         skipped = self._skipped or {}
         for name, revisions in self._revisions(version).items():
             latest = revisions[-1]
             if latest.state == DELETED:
                 continue
             active = latest.state == ACTIVE  # (a paused one: its skipped total, no next)
-            upcoming = times.following(latest, now) if active else now + SEARCH
+            upcoming = times.following(latest, sent_to) if active else sent_to + SEARCH
             earliest = min(earliest, upcoming)
-            found = upcoming < now + SEARCH
+            found = upcoming < sent_to + SEARCH
             row = {"name": name, "revision": latest.revision, "published_ts": now.isoformat(),
                    "next_fire_ts": upcoming.isoformat() if found else None,
                    "skipped_total": skipped.get(name, 0)}  # fmt: skip
