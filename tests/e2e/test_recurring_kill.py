@@ -3,7 +3,6 @@ batch's send and its commit: each occurrence arrives once, never before its time
 
 from __future__ import annotations
 
-import os
 import signal
 import sys
 from datetime import timedelta
@@ -18,21 +17,12 @@ from engine.lakehouse.storage.layout import layout
 from engine.recur.defs import create_schedule
 from tests.support.crash_points import said
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
-from tests.support.process import VENV_BIN, engine_args, start
+from tests.support.process import VENV_BIN, engine_args, run_to_end
 
 pytestmark = pytest.mark.integration
 
 #: How long the schedule fires, once a second.
 FIRES_FOR = timedelta(seconds=45)
-
-
-def _run(args: list[str], log: Path, timeout: float) -> int:
-    proc = start(args, log)
-    try:
-        return int(proc.wait(timeout))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def test_a_schedule_fires_each_occurrence_once_across_a_kill_between_send_and_commit(
@@ -50,7 +40,7 @@ def test_a_schedule_fires_each_occurrence_once_across_a_kill_between_send_and_co
     settings = engine_args(cfg, "--show", "0")
     killing = [sys.executable, "-m", "tests.support.killing_engine", "recurring-sent", "3"]
     log = tmp_path / "killed.log"
-    assert _run([*killing, *settings], log, 240) == -signal.SIGKILL, log.read_text()[-3000:]
+    assert run_to_end([*killing, *settings], log, 240) == -signal.SIGKILL, log.read_text()[-3000:]
     point, where = said(log.read_text())
     assert point == "recurring-sent"
     checkpoint = Path(layout(cfg).checkpoint("recurring"))
@@ -60,7 +50,7 @@ def test_a_schedule_fires_each_occurrence_once_across_a_kill_between_send_and_co
 
     final = tmp_path / "final.log"
     until = ["--until-idle", "--max-seconds", "150"]
-    code = _run([str(VENV_BIN / "delayq"), "run", *settings, *until], final, 240)
+    code = run_to_end([str(VENV_BIN / "delayq"), "run", *settings, *until], final, 240)
     assert code == 0, final.read_text()[-3000:]
     expected = [tick.message_id(t) for t in tick.recurrence.between(now, now + FIRES_FOR)]
     assert len(expected) == 45

@@ -7,7 +7,6 @@ message once, never early."""
 from __future__ import annotations
 
 import json
-import os
 import signal
 import sys
 from pathlib import Path
@@ -26,7 +25,7 @@ from engine.stamp.stamper import Stamper
 from engine.stamp.writer import highest_batch
 from tests.support.crash_points import said
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
-from tests.support.process import VENV_BIN, engine_args, start
+from tests.support.process import VENV_BIN, engine_args, run_to_end
 
 pytestmark = pytest.mark.integration
 
@@ -47,15 +46,6 @@ def _wave(spark: SparkSession, cfg: Any, k: int, earlier: list[str]) -> tuple[li
     return sent, len(again)
 
 
-def _run(args: list[str], log: Path, timeout: float = 240) -> int:
-    proc = start(args, log)
-    try:
-        return int(proc.wait(timeout))
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGKILL)
-
-
 def _actions(table: Path) -> list[dict[str, Any]]:
     """Every action of a Delta table's log."""
     return [
@@ -69,7 +59,7 @@ def _actions(table: Path) -> list[dict[str, Any]]:
 def _killed_at(point: str, command: list[str], folder: Path) -> dict[str, str]:
     """Run a killing engine; check it died by SIGKILL at ``point``; where it says it was."""
     log = folder / f"{point}.log"
-    code = _run(command, log)
+    code = run_to_end(command, log)
     output = log.read_text()
     assert code == -signal.SIGKILL, output[-3000:]
     said_point, where = said(output)
@@ -165,7 +155,7 @@ def test_both_queries_killed_mid_batch_either_way_then_deliver_each_message_once
     assert Path(f"{round_file}.plan.json").exists() and not Path(f"{round_file}.json").exists()
 
     final = tmp_path / "final.log"
-    assert _run([delayq, "run", *streaming], final) == 0, final.read_text()[-3000:]
+    assert run_to_end([delayq, "run", *streaming], final) == 0, final.read_text()[-3000:]
     assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
     quarantine = spark.read.format("delta").load(lay.quarantine)
     reasons = [r["reason"] for r in quarantine.select("reason").collect()]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -87,6 +88,17 @@ def start(args: list[str], log: Path, env: dict[str, str] | None = None) -> subp
         args, stdout=log.open("wb"), stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT,
         start_new_session=True,
     )  # fmt: skip
+
+
+def run_to_end(args: list[str], log: Path, timeout: float = 240) -> int:
+    """Run a process as :func:`start` does and return its exit code; its group (the JVM too)
+    is killed if it outlives ``timeout``."""
+    proc = start(args, log)
+    try:
+        return int(proc.wait(timeout))
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
 
 
 def wait_for(predicate: Any, timeout: float, what: str) -> None:
