@@ -390,7 +390,7 @@ class Firing:
             self._upcoming = {}
 
     def caught_up(self) -> bool:
-        """Whether the schedules as they are now have been looked at: what falls due within
+        """Whether the schedules as they are now have been looked at and what falls due within
         the next seconds is sent (and so pending); ``delayq run --until-idle`` waits for it.
         Occurrences further ahead, not yet sent, do not count.
 
@@ -400,7 +400,11 @@ class Firing:
         """
         with self._lock:
             version = self.table.latest()
-            return version < 0 or (self._done is not None and self._done.version == version)
+            if version < 0:
+                return True
+            done = self._done  # (a replayed batch's horizon can be behind: the next run's)
+            ahead = self.clock.now() + LOOKAHEAD / 2
+            return done is not None and done.version == version and done.horizon > ahead
 
     def _start(self) -> Span | None:
         """Load the last batch on the first call; a batch planned and not committed."""

@@ -385,3 +385,27 @@ def test_a_schedule_next_due_in_years_is_looked_at_again_and_fires() -> None:
         fired += [f.msg_id for f in batch.fired]
         since = span.horizon
     assert fired == [f"leap:{to_millis(utc(2028, 2, 29, 12))}"]
+
+
+def test_until_idle_waits_for_the_run_after_a_replayed_batch(tmp_path: Path) -> None:
+    """A batch planned at 09:00:00 (up to 09:00:10) and replayed at 09:00:09 by a restarted
+    engine: the engine is not caught up until a run has sent the seconds after it, or
+    ``--until-idle`` would stop with the next occurrences unsent."""
+    cfg = EngineConfig(lakehouse=str(tmp_path))
+    clock = FakeClock(utc(2026, 1, 1, 9))
+    create_schedule(cfg, "tick", "ticks", "t", every="1s", clock=clock)
+    failures = [OSError("killed")]
+
+    def send(rows: pa.Table, txn: Txn) -> None:
+        if failures:
+            raise failures.pop()
+
+    with pytest.raises(OSError):
+        Firing(cfg, clock, send=send).run()
+    clock.advance(seconds=9)
+    restarted = Firing(cfg, clock, send=send)
+    assert not restarted.caught_up()  # (nothing looked at yet)
+    assert restarted.run().batch == 0  # the replay: up to 09:00:10
+    assert not restarted.caught_up()
+    assert restarted.run().sent == 9  # 09:00:11-19
+    assert restarted.caught_up()
