@@ -17,12 +17,11 @@ Exactly once, across crashes and replays, as the delivery rounds do it:
    ``delayq-recurring``/``n``: a replay that finds it recorded appends nothing;
 4. the batch is marked committed.
 
-A change to a schedule applies to the occurrences after those already sent: an active
-schedule changed (updated, paused, deleted) goes on from ``H[n-1]``; one that becomes active
-(created, resumed) starts at its change, or at the previous batch's clock if the writer's
-clock is behind it. An occurrence's id does not depend on the revision, so one sent again
-(a schedule resumed within the seconds its paused revision had sent ahead) is refused by
-stamping's deduplication: an occurrence is delivered once whatever the changes.
+A change to a schedule applies to the occurrences after those already sent: a schedule
+active throughout (updated) goes on from ``H[n-1]``; one made active (created, resumed)
+fires from its activation and not before its last stop plus :data:`LOOKAHEAD`, past which
+nothing of it was sent (:func:`_activated`). An occurrence's id does not depend on the
+revision (stamping's deduplication would refuse a second copy, should writers' clocks lag).
 
 A start after downtime finds occurrences older than :data:`GRACE` in its first span: the
 schedule's ``catch_up`` says which fire (``skip``: none; ``latest``: the newest, once;
@@ -59,9 +58,7 @@ from engine.lakehouse.storage.layout import layout
 from engine.lakehouse.storage.store import Store
 from engine.recur.defs import (
     ACTIVE,
-    CREATE,
     DELETED,
-    RESUME,
     RecurringSchedule,
     read_revisions,
 )
@@ -156,7 +153,7 @@ class FireBatch:
     skipped: dict[str, int] = field(default_factory=dict)
     #: Per (name, revision) evaluated, its first occurrence after the span: for the next
     #: batch's ``upcoming``, once this one is done.
-    upcoming: dict[tuple[str, int], datetime] = field(default_factory=dict)
+    upcoming: dict[tuple[str, int, datetime], datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -172,7 +169,7 @@ def plan_batch(
     before: Mapping[str, list[RecurringSchedule]],
     after: Mapping[str, list[RecurringSchedule]],
     span: Span,
-    upcoming: dict[tuple[str, int], datetime] | None = None,
+    upcoming: dict[tuple[str, int, datetime], datetime] | None = None,
 ) -> FireBatch:
     """The occurrences and skips of a firing batch, from its plan alone.
 
@@ -180,15 +177,15 @@ def plan_batch(
         before: each schedule's revisions as the previous batch read them.
         after: each schedule's revisions as this batch reads them.
         span: the batch's plan.
-        upcoming: per (name, revision), its first occurrence after the previous batch's
-            horizon, where known (the batches' :attr:`FireBatch.upcoming`, merged once each
+        upcoming: per revision (name, number, time), its first occurrence after the previous
+            batch's horizon, where known (the batches' :attr:`FireBatch.upcoming`, merged once each
             is done). An unchanged schedule whose next occurrence is past this horizon is
             passed over without evaluating it (what makes 100,000 schedules cheap); the
             answer is the same without it.
 
     Example:
         >>> plan_batch({}, {"tick": [schedule]}, span).fired[0].msg_id  # doctest: +SKIP
-        'tick:r1:1767225660000'
+        'tick:1767225660000'
     """
     out = FireBatch()
     upcoming = upcoming or {}
@@ -197,23 +194,49 @@ def plan_batch(
         latest = revisions[-1]
         known = before.get(name)
         previous = known[-1] if known else None
-        since = span.since
-        if previous is None or previous.revision != latest.revision:
-            if previous is None or previous.state != ACTIVE:  # made, or made active again
-                new = [r for r in revisions if previous is None or r.revision > previous.revision]
-                since = new[0].effective
-                for r in new:
-                    if r.action in (CREATE, RESUME):
-                        since = r.effective  # (occurrences while it was paused do not fire)
-                if span.before >= 0:
-                    since = max(since, span.seen)  # (a writer's clock behind the engine's)
-        elif (nxt := upcoming.get((name, latest.revision))) is not None and nxt > span.horizon:
-            continue  # nothing of it in this span
+        key = _key(latest)
+        if previous is not None and _key(previous) == key:
+            nxt = upcoming.get(key)
+            if nxt is not None and nxt > span.horizon:
+                continue  # unchanged, and nothing of it in this span
         if latest.state != ACTIVE:
             continue
+        if (
+            previous is not None
+            and previous.state == ACTIVE
+            and all(r.state == ACTIVE for r in revisions if r.revision > previous.revision)
+        ):
+            since = span.since  # active throughout (updated, or not): after what was sent
+        else:  # made, or made active again since the previous batch read the schedules
+            since = _activated(revisions)
+            if span.before >= 0:  # (made after that read: a writer's clock behind the engine's)
+                since = max(since, span.seen)
         _fire(latest, since, span, out, times)
-        out.upcoming[(name, latest.revision)] = times.following(latest, span.horizon)
+        out.upcoming[key] = times.following(latest, span.horizon)
     return out
+
+
+def _key(schedule: RecurringSchedule) -> tuple[str, int, datetime]:
+    """A revision, also when two writers gave one number to two changes."""
+    return (schedule.name, schedule.revision, schedule.effective)
+
+
+def _activated(revisions: list[RecurringSchedule]) -> datetime:
+    """From when a schedule made active again fires: its newest create or resume, and not
+    before its newest stop (pause, delete) plus :data:`LOOKAHEAD`. A batch that sent its
+    occurrences before the stop had not seen the stop, so it read the schedules before the
+    stop was made and sent at most :data:`LOOKAHEAD` past that read: nothing is sent twice,
+    and occurrences while it was stopped do not fire."""
+    since = revisions[0].effective
+    stopped: datetime | None = None
+    active = False
+    for r in revisions:
+        if r.state == ACTIVE and not active:
+            since = r.effective  # (a create or a resume)
+        if r.state != ACTIVE and active:
+            stopped = r.effective
+        active = r.state == ACTIVE
+    return since if stopped is None else max(since, stopped + LOOKAHEAD)
 
 
 class _Times:
@@ -304,7 +327,7 @@ class Firing:
         self._done: Span | None = None  # the last span covered (in memory, or committed)
         self._lock = threading.Lock()
         self._read: dict[int, dict[str, list[RecurringSchedule]]] = {}  # by table version
-        self._upcoming: dict[tuple[str, int], datetime] = {}  # see plan_batch
+        self._upcoming: dict[tuple[str, int, datetime], datetime] = {}  # see plan_batch
         self.sent = 0
         self.skipped = 0
         self._skipped: dict[str, int] | None = None  # per schedule, as published (see _start)

@@ -409,3 +409,51 @@ def test_until_idle_waits_for_the_run_after_a_replayed_batch(tmp_path: Path) -> 
     assert not restarted.caught_up()
     assert restarted.run().sent == 9  # 09:00:11-19
     assert restarted.caught_up()
+
+
+def test_a_stop_seen_late_still_keeps_its_occurrences_from_firing_or_firing_twice() -> None:
+    """What the previous batch read can be old (a restart goes on from the last batch that
+    sent something). An hourly schedule paused at 10:20 and resumed at 11:20, both unseen
+    until 11:30: 11:00 does not fire. An every-second schedule paused at T and resumed at
+    T + 2 s, seen three hours later: the seconds its paused revision may have sent (up to
+    T + 10 s) are not sent again."""
+    hourly = Recurrence.parse(every="1h")
+
+    def rev(rec: Recurrence, n: int, action: str, state: str, at: datetime) -> Any:
+        return RecurringSchedule("s", n, state, action, at, "t", b"x", rec)
+
+    made = rev(hourly, 1, "create", "active", utc(2026, 1, 1, 8))
+    history = [made, rev(hourly, 2, "pause", "paused", utc(2026, 1, 1, 10, 20)),
+               rev(hourly, 3, "resume", "active", utc(2026, 1, 1, 11, 20))]  # fmt: skip
+    now = utc(2026, 1, 1, 11, 30)
+    span = Span(5, utc(2026, 1, 1, 10, 0, 10), now + LOOKAHEAD, now, 3, 1, utc(2026, 1, 1, 10))
+    assert plan_batch({"s": [made]}, {"s": history}, span).fired == []
+
+    second = Recurrence.parse(every="1s")
+    t = utc(2026, 1, 1, 9)
+    paused = [rev(second, 1, "create", "active", t - timedelta(hours=1)),
+              rev(second, 2, "pause", "paused", t)]  # fmt: skip
+    resumed = [*paused, rev(second, 3, "resume", "active", t + timedelta(seconds=2))]
+    now = t + timedelta(hours=3)
+    span = Span(9, t + timedelta(seconds=9), now + LOOKAHEAD, now, 3, 2, t + timedelta(seconds=1))
+    fired = plan_batch({"s": paused}, {"s": resumed}, span).fired
+    assert min(f.occurrence for f in fired) > t + LOOKAHEAD  # (the newest missed, then on)
+
+
+def test_two_changes_given_one_number_are_not_mistaken_for_one() -> None:
+    """Two writers both made revision 2: the batch that read the first (hourly) and the
+    batch that reads the winner (every minute) see a change, and the minute fires."""
+    t = utc(2026, 1, 1, 9)
+
+    def update(at: datetime, every: str) -> Any:
+        rec = Recurrence.parse(every=every)
+        return RecurringSchedule("s", 2, "active", "update", at, "t", b"x", rec)
+
+    hourly, minutely = update(t, "1h"), update(t + timedelta(seconds=1), "1m")
+    kept: dict[tuple[str, int, datetime], datetime] = {}
+    first = Span(1, t, t + LOOKAHEAD, t, 1, 0, t)
+    kept.update(plan_batch({"s": [hourly]}, {"s": [hourly]}, first, kept).upcoming)
+    now = t + timedelta(seconds=55)
+    span = Span(2, t + LOOKAHEAD, now + LOOKAHEAD, now, 2, 1, now)
+    fired = plan_batch({"s": [hourly]}, {"s": [minutely]}, span, kept).fired
+    assert [f.occurrence for f in fired] == [utc(2026, 1, 1, 9, 1)]
