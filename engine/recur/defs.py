@@ -37,7 +37,7 @@ from engine.core.levels import parse_duration_ms
 from engine.core.message import Message, validate
 from engine.lakehouse.delta.arrow_delta import ArrowDelta, create_table
 from engine.lakehouse.storage.layout import layout
-from engine.recur.policy import ALL, CATCH_UP, DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW
+from engine.recur.policy import CATCH_UP, DEFAULT_CATCH_UP, DEFAULT_CATCH_UP_WINDOW
 from engine.recur.spec import Recurrence
 from schemas import RECURRING
 
@@ -90,18 +90,6 @@ class RecurringSchedule:
             'nightly:1767225600000'
         """
         return f"{self.name}:{to_millis(occurrence)}"
-
-    def message(self, occurrence: datetime, deliver_at: datetime) -> Message:
-        """The message an occurrence sends, due at ``deliver_at``."""
-        return Message(
-            self.topic,
-            self.body,
-            list(self.keys),
-            self.tags,
-            dict(self.properties),
-            deliver_at=deliver_at,
-            msg_id=self.message_id(occurrence),
-        )
 
     def next_times(
         self, after: datetime, count: int = 5, within: timedelta = timedelta(days=3660)
@@ -267,8 +255,7 @@ def update_schedule(
     """
     table = recurring_table(cfg)
     old = _existing(table, name)
-    known = {"topic", "body", "cron", "every", "at", "time_zone", "start", "end", "jitter",
-             "catch_up", "catch_up_window", "keys", "tags", "properties"}  # fmt: skip
+    known = _CREATE_FIELDS - {"name"}
     unknown = sorted(set(changes) - known)
     if unknown:
         raise ScheduleError("update", ", ".join(unknown), f"not a schedule field ({sorted(known)})")
@@ -474,7 +461,6 @@ def _from_row(row: Mapping[str, Any]) -> RecurringSchedule:
 
 __all__ = [
     "ACTIVE",
-    "ALL",
     "DELETED",
     "PAUSED",
     "RecurringSchedule",

@@ -50,7 +50,6 @@ import pyarrow as pa
 
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
-from engine.core.message import Message
 from engine.lakehouse.delta.arrow_delta import ArrowDelta
 from engine.lakehouse.delta.delta_log import Txn
 from engine.lakehouse.state.offset_log import OffsetLog
@@ -138,10 +137,6 @@ class Fired:
     def msg_id(self) -> str:
         """The message's id: ``<name>:<occurrence ms>``."""
         return self.schedule.message_id(self.occurrence)
-
-    def message(self) -> Message:
-        """The message, as :func:`engine.produce.send.send_many` takes it."""
-        return self.schedule.message(self.occurrence, self.deliver_at)
 
 
 @dataclass(frozen=True)
