@@ -104,10 +104,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     when.add_argument("--delay", metavar="DURATION", help="deliver after e.g. 90s, 15m, 2d, 250ms")
     send.add_argument(
+        "--window",
+        metavar="DURATION",
+        help="delivery window: deliver any time in this long after the deliver time (the "
+        "engine spreads such messages to flatten peaks), e.g. 30s, 5m; at most 1d",
+    )
+    send.add_argument(
         "--file",
         metavar="JSONL",
         help="send many: one JSON object per line with topic, body, keys, tags, "
-        "properties, msg_id, and delay_level, deliver_at or delay ('-' reads standard input)",
+        "properties, msg_id, window, and delay_level, deliver_at or delay ('-' reads standard "
+        "input)",
     )
 
     run = sub.add_parser("run", parents=[common], help="run the engine (Ctrl-C stops it)")
@@ -368,6 +375,7 @@ def cmd_send(args: argparse.Namespace, cfg: EngineConfig) -> int:
                 "deliver_at": args.deliver_at,
                 "delay": args.delay,
                 "msg_id": args.id,
+                "window": args.window,
             }
         ]
     spark = None  # an existing commitlog takes the commit from here, without a JVM

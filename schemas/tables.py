@@ -216,6 +216,9 @@ DELAY_OFFSET = StructType(
         ("cancelled_total", LongType()),
         ("rescheduled_total", LongType()),
         ("commands_version", LongType()),
+        # JSON: a plan's rate caps ({"caps": {topic: msg/s}}), or the capped topics'
+        # state after a committed round ({topic: {tat_ns, cursor, waiting, rate}})
+        ("rates", StringType()),
     )
 )
 

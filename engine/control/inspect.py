@@ -15,13 +15,14 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from pyspark.sql import Column, DataFrame, SparkSession
+from pyspark.sql import Column, DataFrame, SparkSession, Window
 from pyspark.sql import functions as F
 
 from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError
 from engine.deliver.checkpoint import Progress, read_checkpoint
 from engine.deliver.commands import REMOVING, RESCHEDULED
+from engine.deliver.rates import cursors
 from engine.lakehouse.delta.delta_log import list_topics
 from engine.lakehouse.storage.layout import layout
 from engine.stamp.dedup import DUPLICATE
@@ -42,21 +43,49 @@ def pending(spark: SparkSession, cfg: EngineConfig, progress: Progress | None = 
     match = (F.col("msg_id") == F.col("_rm_id")) & (
         F.coalesce(F.col("revision"), F.lit(0)) == F.col("_rm_rev")
     )
+    waiting = F.lit(False)
+    for topic, (us, msg_id, rev) in cursors(progress.rates).items():
+        at = F.unix_micros(F.col("deliver_ts"))
+        above = (at > F.lit(us)) | (
+            (at == F.lit(us))
+            & (
+                (F.col("msg_id") > F.lit(msg_id))
+                | ((F.col("msg_id") == F.lit(msg_id)) & (F.coalesce("revision", F.lit(0)) > rev))
+            )
+        )
+        waiting = waiting | ((F.lower("topic") == F.lit(topic)) & above)
     return rows.where(
         (F.col("deliver_ts") > F.lit(progress.watermark))
         | (F.col("stamp_batch") > F.lit(progress.stamp_batch))
+        | waiting  # (due, held back by the topic's rate cap)
     ).join(F.broadcast(removed), match, "left_anti")
 
 
 def forecast(spark: SparkSession, cfg: EngineConfig, now: datetime, minutes: int = 60) -> DataFrame:
-    """Pending messages per minute over the next ``minutes`` (overdue ones in ``now``'s minute).
+    """Pending messages per minute over the next ``minutes`` (overdue ones in ``now``'s minute),
+    by when they will be delivered: rows waiting for their topic's rate cap at the cap (the
+    n-th of a topic's waiting rows n / cap after the cap lets its next one go).
 
     Returns:
         ``minute`` (start of the minute, UTC) and ``due`` (count), in time order.
     """
     horizon = now + timedelta(minutes=minutes)
-    rows = pending(spark, cfg).where(F.col("deliver_ts") < F.lit(horizon))
-    minute = F.date_trunc("minute", F.greatest(F.col("deliver_ts"), F.lit(now)))
+    progress, _ = read_checkpoint(spark, layout(cfg))
+    rows = pending(spark, cfg, progress).withColumn("_at", F.col("deliver_ts"))
+    capped = {t: r for t, r in progress.rates.items() if r.cursor is not None and r.rate}
+    if capped:
+        topic = F.lower("topic")
+        waits = topic.isin(*capped) & (F.col("deliver_ts") <= F.lit(progress.watermark))
+        order = Window.partitionBy(topic, waits).orderBy(
+            "deliver_ts", "msg_id", F.coalesce("revision", F.lit(0))
+        )
+        nth = F.row_number().over(order) - 1
+        start = F.create_map(*[F.lit(x) for t, r in capped.items() for x in (t, r.tat_ns / 1e9)])
+        rate = F.create_map(*[F.lit(x) for t, r in capped.items() for x in (t, r.rate)])
+        at_cap = F.timestamp_seconds(start[topic] + nth / rate[topic])
+        rows = rows.withColumn("_at", F.when(waits, at_cap).otherwise(F.col("deliver_ts")))
+    rows = rows.where(F.col("_at") < F.lit(horizon))
+    minute = F.date_trunc("minute", F.greatest(F.col("_at"), F.lit(now)))
     return (
         rows.groupBy(minute.alias("minute")).agg(F.count(F.lit(1)).alias("due")).orderBy("minute")
     )

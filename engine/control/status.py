@@ -12,12 +12,14 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pyspark.sql import SparkSession
 
+from engine.core.clock import from_micros
 from engine.core.config import EngineConfig
 from engine.deliver.checkpoint import Progress, read_checkpoint
+from engine.deliver.rates import rate_text
 from engine.lakehouse.delta.live_files import LiveFiles
 from engine.lakehouse.storage.layout import Layout
 
@@ -36,6 +38,9 @@ class Status:
         quarantined: rows refused, with a reason in ``quarantine``.
         watermark: the committed delivery watermark.
         cancelled: rows cancelled (a reschedule cancels the old row and adds a new one).
+        capped: per topic table with rows due and waiting for its delivery rate cap
+            (``delivery.max_rate``): how many wait, the cap (per second), and when at the
+            cap the last of them goes (ISO time, UTC).
     """
 
     sent: int
@@ -45,6 +50,7 @@ class Status:
     quarantined: int
     watermark: str
     cancelled: int = 0
+    capped: dict[str, tuple[int, float, str]] = field(default_factory=dict)
 
     @property
     def pending_total(self) -> int:
@@ -60,10 +66,14 @@ class Status:
         """One progress line, e.g. ``pending L1 (1s)=3 | delivered 12 | quarantined 0``."""
         waiting = " ".join(f"{label(q)}={n}" for q, n in sorted(self.pending.items()) if n)
         cancelled = f" | cancelled {self.cancelled}" if self.cancelled else ""
+        capped = "".join(
+            f" | {topic}: {n:,} waiting for its cap of {rate_text(rate)}, clear at {clears[11:19]}"
+            for topic, (n, rate, clears) in sorted(self.capped.items())
+        )
         return (
             f"sent {self.sent} | to stamp {self.unstamped} | pending {waiting or 'none'}"
             f" | delivered {sum(self.delivered.values())}{cancelled}"
-            f" | quarantined {self.quarantined}"
+            f" | quarantined {self.quarantined}{capped}"
         )
 
 
@@ -156,4 +166,9 @@ def read_status(
         quarantined=quarantined,
         watermark=progress.watermark.isoformat(timespec="milliseconds"),
         cancelled=sum(p.cancelled_total for _, p in queues) - rescheduled,
+        capped={
+            topic: (r.waiting, r.rate, from_micros(clears).isoformat(timespec="seconds"))
+            for topic, r in progress.rates.items()
+            if (clears := r.clears_us()) is not None
+        },
     )

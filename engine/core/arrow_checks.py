@@ -23,7 +23,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from engine.core.config import EngineConfig
-from engine.core.message import MAX_MSG_ID, MSG_ID_CHARS, PROPERTY_NAME_CHARS
+from engine.core.message import (
+    MAX_MSG_ID,
+    MAX_WINDOW_MS,
+    MSG_ID_CHARS,
+    PROP_WINDOW,
+    PROPERTY_NAME_CHARS,
+    WINDOW_CHARS,
+    WINDOW_REFUSED,
+)
 from engine.core.topics import RESERVED_TOPICS, TOPIC_PATTERN
 
 _TS = pa.timestamp("us", tz="UTC")
@@ -104,6 +112,19 @@ def rejection_reasons(rows: pa.Table, cfg: EngineConfig) -> pa.Array:
     if "properties" in rows.column_names:
         empty, first_bad = _property_checks(rows["properties"].combine_chunks(), n, cfg)
         flag(pa.array(empty), "a property has an empty name or no value")
+        window = window_property(rows["properties"].combine_chunks())
+        bad_window = pc.or_kleene(
+            pc.invert(pc.match_substring_regex(window, f"^{WINDOW_CHARS}$")),
+            pc.greater(pc.utf8_length(window), 8),
+        )
+        too_long = pc.greater(
+            pc.cast(pc.if_else(bad_window, pa.scalar(None, pa.string()), window), pa.int64()),
+            MAX_WINDOW_MS,
+        )
+        flag(
+            pc.or_kleene(bad_window, too_long),
+            quoted(f"property {PROP_WINDOW} '", window, WINDOW_REFUSED),
+        )
         limit = cfg.max_property_name
         flag(
             pc.is_valid(first_bad),
@@ -115,6 +136,20 @@ def rejection_reasons(rows: pa.Table, cfg: EngineConfig) -> pa.Array:
             ),
         )
     return reason
+
+
+def window_property(properties: pa.Array) -> pa.Array:
+    """Each row's ``DELAYQ_WINDOW_MS`` property (null when it has none).
+
+    Example:
+        >>> props = pa.array([[("DELAYQ_WINDOW_MS", "500")], None],
+        ...                  pa.map_(pa.string(), pa.string()))
+        >>> window_property(props).to_pylist()
+        ['500', None]
+    """
+    if len(properties) == 0 or properties.null_count == len(properties):
+        return pa.nulls(len(properties), pa.string())
+    return pc.map_lookup(properties, pa.scalar(PROP_WINDOW, pa.string()), "first")
 
 
 def _out_of_range(ts: pa.Array) -> pa.Array:

@@ -272,6 +272,34 @@ def _choice(*allowed: str) -> Callable[[str, object], str]:
     return parse
 
 
+#: Seconds per unit of a rate (``5000/s``, ``300/m``, ``20/h``).
+_RATE_UNITS = {"s": 1, "m": 60, "h": 3600}
+
+
+def parse_rate(key: str, value: object) -> float:
+    """Messages per second from ``N/s``, ``N/m`` or ``N/h`` (a bare number is per second);
+    ``off`` or ``0``: no cap (``0.0``).
+
+    Example:
+        >>> parse_rate("delivery.max_rate", "300/m"), parse_rate("delivery.max_rate", "off")
+        (5.0, 0.0)
+    """
+    text = str(value).strip().lower().replace(" ", "").replace("_", "")
+    if text in ("off", "0", "0/s", "0/m", "0/h"):
+        return 0.0
+    number, _, unit = text.partition("/")
+    unit = unit or "s"
+    try:
+        count = float(number)
+    except ValueError:
+        raise ConfigError(key, value, "expected messages a second, e.g. 5000/s or 300/m") from None
+    if unit not in _RATE_UNITS:
+        raise ConfigError(key, value, "expected a unit of /s, /m or /h, e.g. 5000/s")
+    if not count > 0 or count == float("inf"):
+        raise ConfigError(key, value, "must be above 0 (or off)")
+    return count / _RATE_UNITS[unit]
+
+
 def _topic_map(key: str, value: object) -> Mapping[str, str]:
     """`kafka_topic=real_topic` pairs, separated by commas or spaces.
 
@@ -283,6 +311,18 @@ def _topic_map(key: str, value: object) -> Mapping[str, str]:
             raise ConfigError(key, value, f"bad entry {item!r}: expected kafka_topic=real_topic")
         pairs[source] = target
     return MappingProxyType(pairs)
+
+
+def _topic_setting(key: str, value: object) -> str:
+    """The topic of a ``topics.<name>.max_rate`` key (lower case), checked."""
+    topic, dot, setting = key.removeprefix("topics.").rpartition(".")
+    if not dot or setting != "max_rate":
+        raise ConfigError(key, value, "unknown key; per topic there is topics.<name>.max_rate")
+    try:
+        check_topic(topic)
+    except InvalidMessageError as err:
+        raise ConfigError(key, value, f"not a topic that can be delivered to: {err}") from None
+    return topic.lower()
 
 
 def _names(key: str, value: object) -> tuple[str, ...]:
@@ -323,6 +363,7 @@ KEYS: dict[str, tuple[str, Callable[[str, object], Any]]] = {
     "delivery.idle_interval": ("idle_interval_ms", _duration_or_off),
     "delivery.mode": ("delivery_mode", _choice(*STAGE_MODES)),
     "delivery.driver_round_rows": ("deliver_driver_rows", _non_negative_int),
+    "delivery.max_rate": ("max_rate", parse_rate),
     "lease.timeout": ("lease_timeout_ms", _duration),
     "lease.standby": ("lease_standby", _bool),
     "spark.master": ("spark_master", _text),
@@ -408,6 +449,11 @@ class EngineConfig:
             hold at most this many rows is read and written on the driver; a larger one by
             Spark tasks (the driver commits their files); 0: every round that reads a file
             goes to Spark tasks.
+        max_rate: the most messages a second delivery shows in any one topic table
+            (``delivery.max_rate``, e.g. ``5000/s``; 0: no cap). Rows due beyond it wait,
+            in ``deliver_ts`` order, and are delivered at the cap (:mod:`engine.deliver.rates`).
+        topic_rates: per topic table (lower case), its own cap (``topics.<name>.max_rate``;
+            0: uncapped even when ``max_rate`` is set).
         checkpoint_flush_ms: longest time an idle delivery stage waits before
             recording progress (RocketMQ flushes delayOffset every 10 s; here a round
             that delivers anything always commits at once).
@@ -502,6 +548,8 @@ class EngineConfig:
     idle_interval_ms: int = 1000
     delivery_mode: str = "streaming"
     deliver_driver_rows: int = 200_000
+    max_rate: float = 0.0
+    topic_rates: Mapping[str, float] = field(default_factory=lambda: MappingProxyType({}))
     lease_timeout_ms: int = 15_000
     lease_standby: bool = False
     spark_master: str = "local[2]"
@@ -551,7 +599,7 @@ class EngineConfig:
             )
         if not isinstance(self.spark_conf, MappingProxyType):
             object.__setattr__(self, "spark_conf", MappingProxyType(dict(self.spark_conf)))
-        for name in ("groups", "kafka_topic_map", "kafka_sinks"):
+        for name in ("groups", "kafka_topic_map", "kafka_sinks", "topic_rates"):
             if not isinstance(getattr(self, name), MappingProxyType):
                 object.__setattr__(self, name, MappingProxyType(dict(getattr(self, name))))
         if self.log_level.upper() not in {"ALL", "DEBUG", "INFO", "WARN", "ERROR", "FATAL", "OFF"}:
@@ -637,6 +685,7 @@ class EngineConfig:
         defaults: dict[str, Any] = {}
         groups: dict[str, dict[str, Any]] = {}
         sinks: dict[str, str] = {}
+        rates: dict[str, float] = {}
         for key, value in settings.items():
             if key.startswith("spark.conf."):
                 spark_conf[key.removeprefix("spark.conf.")] = str(value)
@@ -647,6 +696,10 @@ class EngineConfig:
             if key.startswith("kafka.sinks."):
                 topic = _identifier(key, key.removeprefix("kafka.sinks.")).lower()
                 sinks[topic] = _choice(*SINKS)(key, value)
+                continue
+            if key.startswith("topics."):
+                topic = _topic_setting(key, value)
+                rates[topic] = parse_rate(key, value)
                 continue
             if key not in KEYS:
                 known = ", ".join(sorted([*KEYS, *(f"consumers.{k}" for k in GROUP_KEYS)]))
@@ -660,11 +713,25 @@ class EngineConfig:
             consumers=consumers,
             groups={g: replace(consumers, **changes) for g, changes in groups.items()},
             kafka_sinks=sinks,
+            topic_rates=rates,
         )
 
     def sink(self, topic: str) -> str:
         """Where delivery writes topic table ``topic``: ``delta``, ``kafka`` or ``both``."""
         return self.kafka_sinks.get(topic.lower(), "delta")
+
+    def rates(self) -> dict[str, float]:
+        """The delivery rate caps in messages per second: ``*`` (every topic, from
+        ``delivery.max_rate``) and each topic named under ``topics.`` (lower case; ``0``:
+        uncapped); empty when nothing is capped.
+
+        Example:
+            >>> EngineConfig(max_rate=50.0, topic_rates={"audit": 0.0}).rates()
+            {'*': 50.0, 'audit': 0.0}
+        """
+        caps = {"*": self.max_rate} if self.max_rate else {}
+        caps.update(self.topic_rates)
+        return caps if any(caps.values()) else {}
 
     def group(self, name: str) -> GroupConfig:
         """The settings of consumer group ``name``."""

@@ -44,6 +44,17 @@ PROP_DLQ_REASON = "DLQ_REASON"
 PROP_FAILURES = "DELAYQ_FAILURES"
 #: Set on a message resent from the dead letters: the dead letter it came from.
 PROP_DLQ_MSG_ID = "DLQ_MSG_ID"
+#: A delivery window (milliseconds, as text): the message may go any time in this long
+#: after its deliver time, and stamping spreads such messages over their windows
+#: (EventBridge's flexible time window). Producers set it (``Message(window=...)``, ``delayq
+#: send --window``, or the property itself from SQL or a Kafka header).
+PROP_WINDOW = "DELAYQ_WINDOW_MS"
+#: The longest delivery window, in milliseconds (one day).
+MAX_WINDOW_MS = 86_400_000
+#: What a valid window property holds (checked against :data:`MAX_WINDOW_MS` too).
+WINDOW_CHARS = "[1-9][0-9]{0,7}"
+#: Why a row's window property is refused (after the property's value).
+WINDOW_REFUSED = f"' is not a whole number of milliseconds from 1 to {MAX_WINDOW_MS}"
 ENGINE_PROPERTIES = (
     PROP_RETRY_TOPIC,
     PROP_ORIGIN_MESSAGE_ID,
@@ -75,6 +86,7 @@ MESSAGE_FIELDS = frozenset(
         "deliver_at",
         "delay",
         "msg_id",
+        "window",
     }
 )
 
@@ -101,6 +113,10 @@ class Message:
             message sent again with the same id (a retry after a timeout, another writer)
             within ``messages.dedup_window`` is delivered once. 1 to 128 characters of
             ``A-Z a-z 0-9 _ . - :``. Without it, the engine makes one (32 hex digits).
+        window: a delivery window (``timedelta`` or text such as ``"30s"``, up to a day):
+            the message may be delivered any time in this long after its deliver time,
+            and the engine spreads such messages over their windows to flatten peaks
+            (stored as the property ``DELAYQ_WINDOW_MS``).
     """
 
     topic: str
@@ -113,6 +129,7 @@ class Message:
     deliver_at: datetime | int | str | None = None
     delay: timedelta | str | None = None
     msg_id: str | None = None
+    window: timedelta | str | None = None
 
 
 def resolve_deliver_at(message: Message, cfg: EngineConfig, store_ts: datetime) -> datetime | None:
@@ -275,6 +292,14 @@ def validate(
             raise InvalidMessageError(
                 f"properties[{name!r}]", value, "property values must be strings"
             )
+    if message.window is not None:
+        properties[PROP_WINDOW] = str(_window_ms(message.window))
+    if PROP_WINDOW in properties and not window_ok(properties[PROP_WINDOW]):
+        raise InvalidMessageError(
+            f"properties[{PROP_WINDOW!r}]",
+            properties[PROP_WINDOW],
+            f"is not a whole number of milliseconds from 1 to {MAX_WINDOW_MS}",
+        )
     level = message.delay_level
     if level is not None and (isinstance(level, bool) or not isinstance(level, int)):
         raise InvalidMessageError("delay_level", level, "must be a whole number or None")
@@ -295,6 +320,38 @@ def validate(
         "delay_level": level,
         "born_ts": born,
     }
+
+
+def window_ok(text: str) -> bool:
+    """Whether a ``DELAYQ_WINDOW_MS`` property holds a valid window.
+
+    Example:
+        >>> window_ok("30000"), window_ok("0"), window_ok("2d")
+        (True, False, False)
+    """
+    return bool(re.fullmatch(WINDOW_CHARS, text)) and int(text) <= MAX_WINDOW_MS
+
+
+def _window_ms(window: timedelta | str) -> int:
+    """A delivery window in milliseconds (1 ms to a day).
+
+    Raises:
+        InvalidMessageError: naming ``window`` and the value.
+    """
+    if isinstance(window, timedelta):
+        ms = window // timedelta(milliseconds=1)
+    elif isinstance(window, str):
+        try:
+            ms = parse_duration_ms(window, "window")
+        except ConfigError:
+            raise InvalidMessageError(
+                "window", window, "expected a duration such as 30s, 5m or 250ms"
+            ) from None
+    else:
+        raise InvalidMessageError("window", window, "must be a timedelta or text such as 30s")
+    if not 1 <= ms <= MAX_WINDOW_MS:
+        raise InvalidMessageError("window", window, "must be from 1ms to 1d")
+    return int(ms)
 
 
 def message_property(text: str) -> tuple[str, str]:
@@ -402,6 +459,7 @@ def rejection_reason(cfg: EngineConfig) -> Column:
         lambda k: ~k.rlike(f"^{PROPERTY_NAME_CHARS}\\z") | (F.length(k) > cfg.max_property_name),
     )
     empty_body = F.lit(False) if cfg.allow_empty_body else F.length("body") == 0
+    window = F.try_element_at(properties, F.lit(PROP_WINDOW))
     return (
         F.when(F.col("msg_id").isNull(), F.lit("msg_id is missing"))
         .when(
@@ -436,6 +494,11 @@ def rejection_reason(cfg: EngineConfig) -> Column:
             F.lit(f"deliver_at is more than messages.max_delay={cfg.max_delay_ms // 1000}s ahead"),
         )
         .when(bad_property, F.lit("a property has an empty name or no value"))
+        .when(
+            window.isNotNull()
+            & (~window.rlike(f"^{WINDOW_CHARS}\\z") | (window.try_cast("long") > MAX_WINDOW_MS)),
+            F.concat(F.lit(f"property {PROP_WINDOW} '"), window, F.lit(WINDOW_REFUSED)),
+        )
         .when(
             F.size(bad_name) > 0,
             F.concat(

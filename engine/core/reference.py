@@ -25,12 +25,14 @@ PATTERNS: dict[str, str] = {
     "spark.conf.<any>": "a Spark setting's value",
     "consumers.groups.<group>.<key>": "as the `consumers.<key>` of the same name",
     "kafka.sinks.<topic>": "one of `delta`, `kafka`, `both`",
+    "topics.<topic>.max_rate": "as `delivery.max_rate`",
 }
 
 #: Defaults of keys that ``conf/engine.toml`` does not list.
 DEFAULTS: dict[str, str] = {
     "spark.conf.<any>": "see `conf/engine.toml`",
     "kafka.sinks.<topic>": "`delta`",
+    "topics.<topic>.max_rate": "`delivery.max_rate`",
 }
 
 #: What each key does, in the words of the docs' table.
@@ -105,6 +107,14 @@ MEANINGS: dict[str, str] = {
         "with `streaming`, a round whose window's `schedule` files hold at most this many "
         "rows is read and written on the driver; a larger one by Spark tasks (the driver "
         "commits their files); `0`: every round that reads rows"
+    ),
+    "delivery.max_rate": (
+        "the most messages a second delivery shows in any one topic table (`5000/s`, "
+        "`300/m`, `20/h`; `off`: no cap): rows due beyond it wait and go at the cap, in "
+        "`deliver_ts` order, never early"
+    ),
+    "topics.<topic>.max_rate": (
+        "the topic table's own delivery rate cap (`off`: none, whatever `delivery.max_rate` says)"
     ),
     "delivery.checkpoint_flush_interval": "longest an idle stage waits before recording progress",
     "delivery.progress_interval": "how often a running job prints progress",

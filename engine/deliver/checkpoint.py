@@ -13,6 +13,7 @@ Example:
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
@@ -22,6 +23,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
 from engine.core.clock import EPOCH
+from engine.deliver.rates import TopicRate, state_json, state_of
 from engine.lakehouse.state.offset_log import OffsetLog
 from engine.lakehouse.storage.layout import Layout
 
@@ -60,6 +62,8 @@ class Progress:
         stamp_batch: the highest stamping batch the last round saw.
         queues: per-queue progress.
         commands_version: the ``commands`` version the last round read.
+        rates: the capped topics' state (:mod:`engine.deliver.rates`): a topic with a
+            cursor has rows due by ``watermark`` still waiting.
     """
 
     checkpoint_id: str
@@ -69,19 +73,22 @@ class Progress:
     stamp_batch: int = -1
     queues: Mapping[int, QueueProgress] = field(default_factory=dict)
     commands_version: int = -1
+    rates: Mapping[str, TopicRate] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
 class Plan:
     """What round ``round`` delivers: rows due by ``watermark`` in ``schedule_version``.
 
-    ``commands_version`` pins the cancel/reschedule commands the round applies.
+    ``commands_version`` pins the cancel/reschedule commands the round applies, ``caps``
+    the delivery rate caps (:meth:`~engine.core.config.EngineConfig.rates`).
     """
 
     round: int
     watermark: datetime
     schedule_version: int
     commands_version: int = -1
+    caps: Mapping[str, float] = field(default_factory=dict)
 
 
 def _ts(value: object) -> datetime | None:
@@ -116,6 +123,7 @@ def read_checkpoint(spark: SparkSession, layout: Layout) -> tuple[Progress, Plan
                 if r.get("queue_id") is not None
             },
             commands_version=_int(head.get("commands_version"), -1),
+            rates=state_of(head.get("rates")),
         )
     plan = None
     if plan_rows:
@@ -125,8 +133,15 @@ def read_checkpoint(spark: SparkSession, layout: Layout) -> tuple[Progress, Plan
             _ts(p["watermark"]) or EPOCH,
             int(p["schedule_version"]),
             _int(p.get("commands_version"), progress.commands_version),
+            _caps(p.get("rates")),
         )
     return progress, plan
+
+
+def _caps(text: object) -> dict[str, float]:
+    """A plan's rate caps from its ``rates`` column."""
+    caps = json.loads(str(text)).get("caps", {}) if text else {}
+    return {str(t): float(r) for t, r in caps.items()}
 
 
 def _int(value: object, default: int) -> int:
@@ -142,6 +157,7 @@ def checkpoint_rows(
         "stamp_batch": progress.stamp_batch,
         "updated_ts": now.isoformat(),
     }
+    rates = state_json(progress.rates)
     if plan is not None:
         return [
             {
@@ -150,6 +166,7 @@ def checkpoint_rows(
                 "delivered": 0, "delivered_total": 0, "last_deliver_ts": None,
                 "stamped_total": 0, "cancelled_total": 0, "rescheduled_total": 0,
                 "commands_version": plan.commands_version,
+                "rates": json.dumps({"caps": dict(plan.caps)}) if plan.caps else None,
             }
         ]  # fmt: skip
     return [
@@ -162,6 +179,7 @@ def checkpoint_rows(
             "rescheduled_total": q.rescheduled_total,
             "commands_version": progress.commands_version,
             "last_deliver_ts": q.last_deliver_ts.isoformat() if q.last_deliver_ts else None,
+            "rates": rates,
         }
         for queue_id, q in sorted(progress.queues.items())
     ]  # fmt: skip

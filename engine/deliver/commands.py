@@ -307,6 +307,7 @@ def resolve(
     sent: set[str] | None = None,
     refused: Mapping[str, str] | None = None,
     pruned: Mapping[str, bool] | None = None,
+    held_back: Mapping[str, tuple[int, str, int]] | None = None,
 ) -> Resolution:
     """Decide what each open command does; a pure function of its inputs.
 
@@ -324,6 +325,8 @@ def resolve(
         refused: the quarantine reason of those ids the engine refused.
         pruned: of the ``sent`` ids, those whose rows maintenance deleted from ``schedule``
             (delivered or cancelled long ago), each with whether a command had removed it.
+        held_back: per topic table, the cursor of a rate cap (:mod:`engine.deliver.rates`):
+            its rows above it are due but not delivered yet.
     """
     sent = sent or set()
     refused = refused or {}
@@ -336,7 +339,10 @@ def resolve(
         revisions[row.msg_id] = max(revisions.get(row.msg_id, 0), row.revision)
         if name in removed:
             continue
-        if row.deliver_us <= delivered_by[0] and row.stamp_batch <= delivered_by[1]:
+        held = (held_back or {}).get((row.topic or "").lower())
+        if held is not None and (row.deliver_us, row.msg_id, row.revision) > held:
+            live[name] = row  # (due, but its topic's cap holds it back)
+        elif row.deliver_us <= delivered_by[0] and row.stamp_batch <= delivered_by[1]:
             delivered.add(name)
         else:
             live[name] = row

@@ -31,7 +31,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as ds
 
-from engine.core.clock import to_micros
+from engine.core.clock import from_micros, to_micros
+from engine.deliver.rates import Key, above, lowered_topic
 from engine.lakehouse.delta.live_files import DataFile
 from schemas import TOPIC, column_names
 
@@ -50,7 +51,10 @@ class Window:
     above ``stamped_after``; with ``batches`` ``(low, high)``, only the rows stamped in
     batches above ``low`` and up to ``high`` (``None``: no bound), for a round whose rows are
     written in parts (:mod:`engine.deliver.ahead`); with ``written`` ``(start, batch)``, not
-    the rows due after ``start`` stamped up to ``batch`` (written ahead already)."""
+    the rows due after ``start`` stamped up to ``batch`` (written ahead already); with
+    ``held`` ``((topic, cursor), ...)``, rows of those topic tables above their cursor
+    instead of those due after ``after`` (rows a rate cap left waiting,
+    :mod:`engine.deliver.rates`)."""
 
     after: datetime
     until: datetime
@@ -59,6 +63,23 @@ class Window:
     written: tuple[datetime, int] | None = None
     #: Files :meth:`counted` accepts are counted from their statistics, not read.
     by_stats: bool = False
+    held: tuple[tuple[str, Key], ...] = ()
+
+    @property
+    def floor(self) -> datetime:
+        """Every row of this window stamped by ``stamped_after`` is due after this time:
+        ``after``, or just before a held topic's cursor when earlier (rows at the cursor's
+        own time may wait).
+
+        Example:
+            >>> from engine.core.clock import from_micros as us
+            >>> Window(us(9), us(20), 4, held=(("t", (5, "a", 0)),)).floor == us(4)
+            True
+        """
+        lowest = min((key[0] - 1 for _, key in self.held), default=None)
+        if lowest is None or lowest >= to_micros(self.after):
+            return self.after
+        return from_micros(lowest)
 
     def counted(self, f: DataFile) -> bool:
         """Whether ``f``'s statistics show that every row of it is stamped since the last
@@ -91,7 +112,13 @@ class Window:
         """Rows this round delivers (before cancels and reschedules take theirs out)."""
         deliver, batch = ds.field("deliver_ts"), ds.field("stamp_batch")
         until, after = pa.scalar(self.until, TS), pa.scalar(self.after, TS)
-        due = (deliver <= until) & ((deliver > after) | (batch > self.stamped_after))
+        recent = deliver > after
+        if self.held:
+            topic = lowered_topic()
+            recent = recent & ~topic.isin([t for t, _ in self.held])
+            for name, key in self.held:
+                recent = recent | ((topic == name) & above(key))
+        due = (deliver <= until) & (recent | (batch > self.stamped_after))
         low, high = self.batches or (None, None)
         if low is not None:
             due = due & (batch > low)
@@ -121,7 +148,7 @@ class Window:
             start, upto = self.written  # (every row of the file written ahead already?)
             if low > to_micros(start) and top <= upto <= self.stamped_after:
                 return False
-        until, after = to_micros(self.until), to_micros(self.after)
+        until, after = to_micros(self.until), to_micros(self.floor)
         stamped = top is None or top > self.stamped_after
         due = (low is None or low <= until) and (high is None or high > after or stamped)
         return due or (stamped and (high is None or high > until))
@@ -133,13 +160,13 @@ class Window:
         return (
             high is not None
             and top is not None
-            and (high <= to_micros(self.after) and top <= self.stamped_after)
+            and (high <= to_micros(self.floor) and top <= self.stamped_after)
         )
 
     def follows(self, other: Window) -> bool:
         """Whether this window starts no earlier than ``other`` (files ``other`` passed
         stay passed)."""
-        return self.after >= other.after and self.stamped_after >= other.stamped_after
+        return self.floor >= other.floor and self.stamped_after >= other.stamped_after
 
     def new_not_due(self) -> ds.Expression:
         """Rows stamped since the last round that are not due yet (counted, not delivered)."""
@@ -193,7 +220,7 @@ def read_candidates(
     later = files.to_table(filter=later_filter, columns=list(SUMMARY_COLUMNS))
     is_new = pc.greater(due["stamp_batch"], window.stamped_after)
     is_removed = removed_mask(due, removed)
-    summary = _summary(due, is_new, is_removed, due=True) + _summary(
+    summary = summary_of(due, is_new, is_removed, due=True) + summary_of(
         later, pa.repeat(True, later.num_rows), pa.repeat(False, later.num_rows), due=False
     )
     deliver = due.filter(pc.invert(is_removed))
@@ -263,13 +290,22 @@ def removed_marks(
     return {(msg_id, int(revision or 0)) for msg_id, revision in pairs}
 
 
-def _summary(
+def summary_of(
     rows: pa.Table,
     is_new: pa.ChunkedArray | pa.Array,
     is_removed: pa.ChunkedArray | pa.Array,
     *,
     due: bool,
 ) -> list[dict[str, Any]]:
+    """The :attr:`Candidates.summary` entries of ``rows``: one per ``topic, queue_id, _new,
+    _removed``, with ``_due`` as given.
+
+    Example:
+        >>> rows = pa.table({"topic": ["t"], "queue_id": [1], "stamp_batch": [4],
+        ...                  "deliver_ts": pa.array([2000], TS)})
+        >>> summary_of(rows, pa.array([True]), pa.array([False]), due=True)[0]["n"]
+        1
+    """
     if rows.num_rows == 0:
         return []
     micros = pc.cast(pc.cast(rows["deliver_ts"], TS), pa.int64())  # exact, unlike floats
@@ -349,6 +385,7 @@ __all__ = [
     "read_candidates",
     "removed_marks",
     "removed_mask",
+    "summary_of",
     "to_topic_rows",
     "topic_tables",
 ]

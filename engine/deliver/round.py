@@ -53,6 +53,7 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.dataset as ds
 from pyspark.sql import SparkSession
 from pyspark.sql.pandas.types import to_arrow_schema
@@ -92,11 +93,13 @@ from engine.deliver.due import (
     counted_summary,
     read_candidates,
     removed_marks,
+    summary_of,
     to_topic_rows,
     topic_tables,
 )
 from engine.deliver.lateness import Lateness
 from engine.deliver.quiet import Quiet, next_due_us
+from engine.deliver.rates import Backlog, Capped, TopicRate, cap_rows, cursors
 from engine.deliver.sinks import DeltaTopicSink, SinkFactory, Sinks, SinkSet
 from engine.deliver.tasks import (
     RoundJob,
@@ -130,6 +133,8 @@ _NEVER = datetime.max.replace(tzinfo=UTC)
 #: A round written ahead whose instant is this long gone is dropped (its rows would say they
 #: were delivered at the instant).
 AHEAD_STALE_S = 1.0
+#: Rows waiting for a rate cap the driver keeps between rounds, at most (Arrow bytes).
+BACKLOG_KEPT_BYTES = 1 << 30
 #: Longest sleep while a round planned ahead waits for its watermark.
 WAIT_STEP_S = 0.05
 #: How much longer than the time it was away a round waits for its watermark.
@@ -160,6 +165,8 @@ class RoundResult:
         where: ``driver`` (the round's rows were read and written here), ``executors``
             (by Spark tasks, :mod:`engine.deliver.tasks`) or ``ahead`` (by Spark tasks before
             its instant, :mod:`engine.deliver.ahead`).
+        rates: the capped topics after the round (:mod:`engine.deliver.rates`): rows due
+            and waiting for their cap, and when they clear at it.
     """
 
     round: int
@@ -175,6 +182,7 @@ class RoundResult:
     lateness: Lateness = field(default_factory=Lateness)
     commands: Mapping[str, int] = field(default_factory=dict)
     where: str = "driver"
+    rates: Mapping[str, TopicRate] = field(default_factory=dict)
 
 
 class Delivery:
@@ -240,6 +248,10 @@ class Delivery:
         # (schedule version, commands version, no row due before this): what quiet() found
         self._known_due: tuple[int, int, datetime] | None = None
         self._ahead_pool: ThreadPoolExecutor | None = None
+        self._waiting = 0  # rows the last round left waiting for a rate cap
+        # those rows, per topic, as the last committed round left them (engine.deliver.rates)
+        self._backlogs: dict[str, Backlog] = {}
+        self._split: tuple[Candidates, Capped] | None = None  # the round's, once split
 
     def open(self) -> Delivery:
         """Load the committed progress and an interrupted round's plan; returns ``self``."""
@@ -316,6 +328,7 @@ class Delivery:
             self._open_commands = True
             self._last_watermark = from_millis(0)  # its rows may not have been delivered
             self._known_due = None
+            self._backlogs = {}
             raise
         if result.committed:
             try:
@@ -343,6 +356,7 @@ class Delivery:
             watermark=now,
             schedule_version=self._schedule.latest(),
             commands_version=self._commands.latest(),
+            caps=self.cfg.rates(),
         )
         if not self.pending and not self._commands_to_decide(prev, plan):
             # (commands are decided against the watermark: a round with some is not ahead)
@@ -358,12 +372,23 @@ class Delivery:
         if resolution is not None:
             ahead = None  # (its files cannot show what the commands decide: written again)
         self._time("plan")
-        window = Window(prev.watermark, plan.watermark, prev.stamp_batch, by_stats=True)
-        if not window.follows(self._retired):
+        # Rows waiting for a rate cap: read again above their cursor, unless the last round
+        # (the committed one) kept them (then only rows due or stamped since are read).
+        waiting = cursors(prev.rates)
+        kept = {
+            t: b
+            for t, b in self._backlogs.items()
+            if not self.pending and b.round == prev.round and waiting.get(t) == b.cursor
+        }
+        held = tuple(sorted((t, c) for t, c in waiting.items() if t not in kept))
+        window = Window(prev.watermark, plan.watermark, prev.stamp_batch, by_stats=True, held=held)
+        reach = dataclasses.replace(window, held=tuple(sorted(waiting.items())))
+        if not reach.follows(self._retired):
             self._schedule.reset()  # files retired for a later progress may hold rows
-        removed = self._removed(prev, plan, resolution)
+        removed = self._removed(reach, plan, resolution)
         written = None if ahead is None else self._from_ahead(ahead, plan, window, removed)
-        if written is None:
+        if written is None and not (plan.caps or prev.rates):
+            # (a capped round is split on the driver: its rows are few by the cap's design)
             written = self._on_executors(plan, window, removed)
         if written is not None:
             found = Candidates(_NO_ROWS, written.summary, written.files, written.rows)
@@ -377,7 +402,12 @@ class Delivery:
         counted = counted_summary(self._schedule.files(plan.schedule_version), window)
         if counted:
             found = dataclasses.replace(found, summary=found.summary + counted)
-        return self._deliver(prev, plan, resolution, found, replayed, started, written)
+        rates: Mapping[str, TopicRate] = {}
+        self._split = None
+        if written is None and (plan.caps or prev.rates):
+            self._split = _capped(found, plan, prev, kept, removed)
+            found, rates = self._split[0], self._split[1].state
+        return self._deliver(prev, plan, resolution, found, replayed, started, written, rates)
 
     # ------------------------------------------------------------- rounds written ahead
 
@@ -388,6 +418,8 @@ class Delivery:
         if (
             sinks is None
             or self.pending is not None
+            or self.cfg.rates()
+            or self.progress.rates
             or self._open_commands
             or self._commands.latest() > self.progress.commands_version  # (one to decide)
         ):
@@ -656,8 +688,10 @@ class Delivery:
         replayed: bool,
         started: float,
         written: Written | None = None,
+        rates: Mapping[str, TopicRate] | None = None,
     ) -> RoundResult:
         summary = found.summary
+        self._waiting = sum(r.waiting for r in (rates or {}).values())
         self._time("scan")
         high_batch = max([prev.stamp_batch, *(r["max_batch"] for r in summary)])
         due = [r for r in summary if r["_due"] and not r["_removed"]]
@@ -675,7 +709,7 @@ class Delivery:
             )
             if high_batch == prev.stamp_batch and not flush_due:
                 self._settled = plan
-                return self._result(prev.round, plan, {}, False, False, started, found)
+                return self._result(prev.round, plan, {}, False, False, started, found, rates=rates)
         self.fence()  # raises once another engine has taken the lakehouse over
         if not replayed:
             # Every round that commits is planned first, put-if-absent: one plan per round
@@ -701,13 +735,24 @@ class Delivery:
             per_topic = self._write_topics(found, plan, replayed, delivered_ts, started)
             lateness = Lateness.of(found.deliver["deliver_ts"], delivered_ts)
         self._time("topics")
-        self._commit(prev, plan, summary, high_batch, resolution)
+        self._commit(prev, plan, summary, high_batch, resolution, rates or {})
+        self._keep_backlogs(plan.round)
         self._settled = plan
         self._time("commit")
         return self._result(
             plan.round, plan, per_topic, True, replayed, started, found, lateness, resolution,
             where="driver" if written is None else "ahead" if written.ahead else "executors",
+            rates=rates,
         )  # fmt: skip
+
+    def _keep_backlogs(self, round_: int) -> None:
+        """After round ``round_`` committed: keep the rows its caps left waiting for the
+        next round, up to :data:`BACKLOG_KEPT_BYTES` (beyond, rounds read them again)."""
+        split, self._split = self._split, None
+        backlogs = split[1].backlogs if split else {}
+        if sum(b.rows.nbytes for b in backlogs.values()) > BACKLOG_KEPT_BYTES:
+            backlogs = {}
+        self._backlogs = {t: replace(b, round=round_) for t, b in backlogs.items()}
 
     # ------------------------------------------------------------- cancel / reschedule
 
@@ -749,21 +794,22 @@ class Delivery:
             sent,
             refused,
             pruned,
+            cursors(prev.rates),
         )
         self._open_commands = resolution.waiting > 0
         return resolution
 
     def _removed(
-        self, prev: Progress, plan: Plan, resolution: Resolution | None
+        self, window: Window, plan: Plan, resolution: Resolution | None
     ) -> set[tuple[str, int]]:
         """``(msg_id, revision)`` of candidates a cancel or reschedule took out of delivery."""
         marks = {(m, int(r or 0)) for m, r in (resolution.removed if resolution else [])}
         version = self._results.latest() if self._any_removed else -1
         if version >= 0:
-            # Rows removed earlier and due at or before the last watermark were never
+            # Rows removed earlier and due at or before the window's floor were never
             # delivered and are no longer candidates: only later ones can meet this round's.
             marks |= removed_marks(
-                self._results.dataset(version), plan.round, prev.watermark, REMOVING
+                self._results.dataset(version), plan.round, window.floor, REMOVING
             )
         return marks
 
@@ -887,7 +933,7 @@ class Delivery:
             1795000000000000
         """
         plan = self._settled
-        if plan is None or self.pending is not None or self._open_commands:
+        if plan is None or self.pending is not None or self._open_commands or self._waiting:
             self._known_due = None
             return None
         due = next_due_us(self._schedule.files(plan.schedule_version), to_micros(plan.watermark))
@@ -955,6 +1001,7 @@ class Delivery:
         summary: list,  # type: ignore[type-arg]
         high_batch: int,
         resolution: Resolution | None,
+        rates: Mapping[str, TopicRate],
     ) -> None:
         queues = dict(prev.queues)
         for level in range(self.cfg.levels.max_level + 1):
@@ -994,6 +1041,7 @@ class Delivery:
             stamp_batch=high_batch,
             queues=queues,
             commands_version=plan.commands_version,
+            rates=dict(rates),
         )
         self.fence()
         rows = checkpoint_rows(progress, None, delivered, self.clock.now())
@@ -1005,7 +1053,10 @@ class Delivery:
                 f"delivery round {plan.round} was committed by an engine fenced since ({err})"
             ) from err
         self.progress, self.pending = progress, None
-        self._retired = Window(progress.watermark, progress.watermark, progress.stamp_batch)
+        self._retired = Window(
+            progress.watermark, progress.watermark, progress.stamp_batch,
+            held=tuple(sorted(cursors(progress.rates).items())),
+        )  # fmt: skip
         self._schedule.retire(plan.schedule_version, done=self._retired.passed)
         if plan.round % 100 == 0:
             self.offsets.purge(plan.round - RETAIN_ROUNDS)
@@ -1028,6 +1079,7 @@ class Delivery:
         lateness: Lateness | None = None,
         resolution: Resolution | None = None,
         where: str = "driver",
+        rates: Mapping[str, TopicRate] | None = None,
     ) -> RoundResult:
         decided = Counter(r["result"] for r in (resolution.results if resolution else []))
         return RoundResult(
@@ -1044,7 +1096,48 @@ class Delivery:
             lateness=lateness or Lateness(),
             commands=dict(decided),
             where=where,
+            rates=dict(rates if rates is not None else self.progress.rates),
         )
+
+
+def _capped(
+    found: Candidates,
+    plan: Plan,
+    prev: Progress,
+    backlogs: Mapping[str, Backlog],
+    removed: set[tuple[str, int]],
+) -> tuple[Candidates, Capped]:
+    """The round's candidates with its rate caps applied (:mod:`engine.deliver.rates`): the
+    rows they hold back taken out (counted as not due), the rows kept from the last round
+    that go now put in; and the split (the capped topics' state to commit, what waits)."""
+    marks = frozenset(f"{m}\x00{int(r or 0)}" for m, r in removed) if backlogs else frozenset()
+    split = cap_rows(
+        found.deliver,
+        plan.caps,
+        prev.rates,
+        watermark_us=to_micros(plan.watermark),
+        after_us=to_micros(prev.watermark),
+        backlogs=backlogs,
+        removed=marks,
+    )
+    if not split.topics:
+        return found, split
+    topics = set(split.topics)
+
+    def new(rows: pa.Table) -> pa.Array | pa.ChunkedArray:
+        return pc.greater(rows["stamp_batch"], prev.stamp_batch)
+
+    def capped_due(entry: Mapping[str, object]) -> bool:
+        topic = entry["topic"]
+        return bool(entry["_due"]) and not entry["_removed"] and str(topic).lower() in topics
+
+    go, wait = split.taken, split.new_waiting
+    summary = (
+        [r for r in found.summary if not (r["topic"] is not None and capped_due(r))]
+        + summary_of(go, new(go), pa.repeat(False, go.num_rows), due=True)
+        + summary_of(wait, new(wait), pa.repeat(False, wait.num_rows), due=False)
+    )
+    return dataclasses.replace(found, deliver=split.deliver, summary=summary), split
 
 
 def _append_once(table: ArrowDelta, rows: pa.Table, txn: Txn) -> bool:

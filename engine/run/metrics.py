@@ -22,6 +22,8 @@ scrapes runs no query.
 | ``delayq_pending`` | gauge | ``queue``, ``label`` | rows waiting per level (``timer``: times) |
 | ``delayq_watermark_timestamp_seconds`` | gauge | | rows due up to here are delivered |
 | ``delayq_next_due_timestamp_seconds`` | gauge | | earliest pending deliver time |
+| ``delayq_rate_waiting`` | gauge | ``topic`` | rows due, waiting for the topic's rate cap |
+| ``delayq_rate_clears_timestamp_seconds`` | gauge | ``topic`` | when, at the cap, none waits |
 | ``delayq_recurring_sent_total`` | counter | | occurrences of recurring schedules sent |
 | ``delayq_recurring_skipped_total`` | counter | | missed occurrences skipped (catch-up) |
 | ``delayq_stamped_total`` | counter | | rows stamped into ``schedule`` |
@@ -172,6 +174,23 @@ class EngineCollector(Collector):
             "Rows due up to this time are delivered (Unix seconds).",
             value=to_millis(progress.watermark) / 1000,
         )
+        held = GaugeMetricFamily(
+            "delayq_rate_waiting",
+            "Rows due and waiting for their topic's delivery rate cap (delivery.max_rate).",
+            labels=["topic"],
+        )
+        clears = GaugeMetricFamily(
+            "delayq_rate_clears_timestamp_seconds",
+            "When, at the topic's rate cap, the rows waiting will all be delivered (Unix s).",
+            labels=["topic"],
+        )
+        for topic, rate in sorted(progress.rates.items()):
+            held.add_metric([topic], rate.waiting)
+            until = rate.clears_us()
+            if until is not None:
+                clears.add_metric([topic], until / 1e6)
+        yield held
+        yield clears
         queried = self.queried
         if queried.next_due_s is not None:
             yield GaugeMetricFamily(

@@ -19,9 +19,10 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from engine.core.arrow_checks import rejection_reasons
+from engine.core.arrow_checks import rejection_reasons, window_property
 from engine.core.config import EngineConfig
 from engine.core.levels import LevelTable
+from engine.core.message import MAX_WINDOW_MS, WINDOW_CHARS
 from engine.stamp.id_hash import xxh64
 from schemas import COMMITLOG, QUARANTINE, SCHEDULE, column_names
 
@@ -72,6 +73,33 @@ def id_hashes(msg_ids: pa.Array | pa.ChunkedArray) -> pa.Array:
     return xxh64(msg_ids, HASH_SEED)
 
 
+def window_offsets_us(properties: pa.Array, hashes: pa.Array) -> np.ndarray:
+    """How far each row's delivery window moves its deliver time (microseconds): its id's
+    hash modulo the window (``DELAYQ_WINDOW_MS``), in whole milliseconds; 0 without one.
+
+    Messages due at one instant with a window thus spread evenly over it, and a message
+    stamped again (a replay) gets the same time.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> props = pa.array([[("DELAYQ_WINDOW_MS", "1000")], None],
+        ...                  pa.map_(pa.string(), pa.string()))
+        >>> window_offsets_us(props, id_hashes(pa.array(["a", "b"]))).tolist()
+        [332000, 0]
+    """
+    n = len(hashes)
+    if not pa.types.is_map(properties.type) or properties.null_count == n:
+        return np.zeros(n, dtype=np.int64)
+    text = window_property(properties)
+    valid = pc.match_substring_regex(text, f"^{WINDOW_CHARS}$")
+    window = pc.cast(pc.if_else(pc.fill_null(valid, False), text, "0"), pa.int64())
+    ms = np.minimum(window.to_numpy(zero_copy_only=False), MAX_WINDOW_MS)
+    unsigned = pc.fill_null(hashes, 0).to_numpy(zero_copy_only=False).view(np.uint64)
+    spread = np.where(ms > 0, unsigned % np.maximum(ms, 1).astype(np.uint64), 0)
+    offsets: np.ndarray = spread.astype(np.int64) * 1000
+    return offsets
+
+
 def stamped(rows: pa.Table, cfg: EngineConfig, batch_id: int, now: datetime) -> pa.Table:
     """Every row with its stamp: the ``schedule`` columns and ``reason`` (null for a valid
     row; a refused row's stamp columns mean nothing, it goes to ``quarantine``).
@@ -103,6 +131,8 @@ def stamped(rows: pa.Table, cfg: EngineConfig, batch_id: int, now: datetime) -> 
     deliver_us = np.where(
         timer, pc.fill_null(deliver_at, 0).to_numpy(zero_copy_only=False), delayed
     )
+    hashes = id_hashes(columns["msg_id"])
+    deliver_us = deliver_us + window_offsets_us(columns["properties"], hashes)
     # A refused row may lack the times its stamp needs: its deliver time stays null.
     unknown = pc.and_kleene(pc.is_valid(reason), pc.is_null(columns["store_ts"]))
     deliver = pc.if_else(unknown, pa.scalar(None, pa.int64()), pa.array(deliver_us, pa.int64()))
@@ -112,7 +142,7 @@ def stamped(rows: pa.Table, cfg: EngineConfig, batch_id: int, now: datetime) -> 
         stamp_batch=pa.array(np.full(n, batch_id, dtype=np.int64)),
         stamped_ts=pa.repeat(pa.scalar(now, _TS), n),
         revision=pa.array(np.zeros(n, dtype=np.int32)),
-        msg_id_hash=id_hashes(columns["msg_id"]),
+        msg_id_hash=hashes,
         reason=reason,
     )
     return pa.table(columns)

@@ -129,6 +129,8 @@ class BenchPlan:
     idle_seconds: int = 60
     #: ``recurring``: schedules firing every minute (cron ``* * * * *``), x minutes measured.
     recurring: tuple[int, int] = (100_000, 3)
+    #: ``smoothing``: messages due at one instant into a topic capped at this many a second.
+    smoothing: tuple[int, int] = (1_000_000, 100_000)
 
 
 QUICK = BenchPlan(
@@ -171,6 +173,7 @@ SMOKE = BenchPlan(
     scale=(20_000,),
     idle_seconds=5,
     recurring=(1_000, 1),
+    smoothing=(10_000, 1_000),
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
@@ -1269,6 +1272,82 @@ class Bench:
         )
         return result
 
+    def smoothing(self) -> dict[str, Any]:
+        """``size`` messages due at one instant T into a topic capped at ``rate`` a second
+        (``topics.bench_capped.max_rate``), and other topics' messages due every millisecond
+        over the time the capped ones take (``size / rate`` seconds from T), uncapped: the
+        capped ones should take that time, the others stay on time."""
+        size, rate = self.plan.smoothing
+        cfg = self.cfg("smoothing").with_overrides(topic_rates={"bench_capped": float(rate)})
+        span_ms = 1000 * size // rate
+        others = min(span_ms * 10, 200_000)
+        with self.engine(cfg) as engine:
+            first_round = len(engine.stats.recent)
+            self.memory.reset()
+            lead = 10 + 40 * size // 1_000_000  # time to send and stamp them
+            instant = SystemClock().now().replace(microsecond=0) + timedelta(seconds=lead)
+            self.say(
+                f"smoothing: {size:,} due at one instant ({lead} s from now) into a topic "
+                f"capped at {rate:,}/s; {others:,} others due over the {span_ms / 1000:.0f} s after"
+            )
+            capped = self.spark.range(size).select(
+                F.lit("bench_capped").alias("topic"),
+                F.lit("capped").alias("body"),
+                F.lit("capped").alias("tags"),
+                F.lit(instant).alias("deliver_at"),
+            )
+            send_df(self.spark, cfg, capped)
+            spread = self.spark.range(others).select(
+                F.concat(F.lit("bench_other_"), (F.col("id") % 10).cast("string")).alias("topic"),
+                F.lit("other").alias("body"),
+                F.lit("other").alias("tags"),
+                F.timestamp_millis(
+                    F.lit(to_millis(instant)) + F.floor(F.col("id") * span_ms / others).cast("long")
+                ).alias("deliver_at"),
+            )
+            send_df(self.spark, cfg, spread)
+            forecast = None
+            while SystemClock().now() < instant + timedelta(
+                milliseconds=span_ms, seconds=self.plan.drain_seconds
+            ):
+                engine.check_queries()
+                status = engine.status()
+                if forecast is None and SystemClock().now() > instant + timedelta(seconds=1):
+                    state = engine.delivery.progress.rates.get("bench_capped")
+                    clears = state.clears_us() if state else None
+                    forecast = None if clears is None else clears / 1e6 - to_millis(instant) / 1e3
+                if status.idle:
+                    break
+                time.sleep(0.5)
+            rows = visible_rows(self.spark, cfg, "capped")
+            first, last = pc.min(rows["visible_ms"]).as_py(), pc.max(rows["visible_ms"]).as_py()
+            took = None if last is None else round((last - to_millis(instant)) / 1000, 2)
+            result: dict[str, Any] = {
+                "size": size,
+                "max_rate": rate,
+                "expected_seconds": size / rate,
+                "last_visible_after_instant_s": took,
+                "off_by_pct": None if took is None else round(100 * (took * rate / size - 1), 1),
+                "rate_achieved": (
+                    None if not last or last == first else round(size / ((last - first) / 1000))
+                ),
+                "forecast_clear_after_instant_s": None if forecast is None else round(forecast, 2),
+                "capped": lateness(rows, size),
+                "others": lateness(visible_rows(self.spark, cfg, "other"), others),
+                "delivery": round_stats(engine, first_round),
+                "memory_peak": self.memory.reset(),
+            }
+        c, o = result["capped"], result["others"]
+        self.say(
+            f"  capped: last row visible {took} s after the instant ({result['off_by_pct']}% "
+            f"off {size / rate:.0f} s), {result['rate_achieved']}/s, forecast at T+1 s: clears "
+            f"{result['forecast_clear_after_instant_s']} s after T | early {c['early']} dup "
+            f"{c['duplicates']} missing {c['missing']} | others p50/p99 {o['late_p50_ms']}/"
+            f"{o['late_p99_ms']} ms, early {o['early']} dup {o['duplicates']} missing "
+            f"{o['missing']}"
+        )
+        return result
+
     def fanout(self) -> list[dict[str, Any]]:
         """The same rate over 1, 10 and 100 topics."""
         runs = []
@@ -1872,6 +1951,17 @@ def table(results: dict[str, Any]) -> str:
             f"{r['duplicates']}, missing {r['missing']}); largest firing batch "
             f"{r['fire_batch_max_s']} s"
         )
+    smooth = work.get("smoothing")
+    if smooth:
+        c, o = smooth["capped"], smooth["others"]
+        lines.append(
+            f"smoothing {smooth['size']:,} at {smooth['max_rate']:,}/s: last row visible "
+            f"{smooth['last_visible_after_instant_s']} s after the instant (expected "
+            f"{smooth['expected_seconds']:.0f} s; early {c['early']}, dup {c['duplicates']}, "
+            f"missing {c['missing']}); other topics p50/p99 {o['late_p50_ms']}/"
+            f"{o['late_p99_ms']} ms (early {o['early']}, dup {o['duplicates']}, missing "
+            f"{o['missing']})"
+        )
     spike = work.get("spike")
     if spike:
         s = spike["spike"]
@@ -2137,6 +2227,7 @@ WORKLOADS = (
     "scale",
     "idle",
     "recurring",
+    "smoothing",
 )
 
 __all__ = ["FULL", "PLANS", "QUICK", "WORKLOADS", "Bench", "BenchPlan", "chart", "table"]

@@ -23,7 +23,7 @@ CFG = EngineConfig(max_body_bytes=8, max_delay_ms=60_000)
 # (msg_id, topic, properties, body, store_ts, deliver_at): one row per rule, and valid ones.
 ROWS = [
     ("ok", "orders", {"region": "eu"}, b"a", T0, None),
-    ("timer", "orders", {}, b"a", T0, T0 + timedelta(seconds=59)),
+    ("timer", "orders", {"DELAYQ_WINDOW_MS": "86400000"}, b"a", T0, T0 + timedelta(seconds=59)),
     (None, "orders", {}, b"a", T0, None),
     ("a b", "orders", {}, b"a", T0, None),
     ("x" * 129, "orders", {}, b"a", T0, None),
@@ -44,6 +44,11 @@ ROWS = [
     ("p2", "orders", {"k": None}, b"a", T0, None),
     ("p3", "orders", {"ok": "1", "a=b": "2", "c d": "3"}, b"a", T0, None),
     ("p4", "orders", {"n" * 300: "1"}, b"a", T0, None),
+    ("w1", "orders", {"DELAYQ_WINDOW_MS": "0"}, b"a", T0, None),
+    ("w2", "orders", {"DELAYQ_WINDOW_MS": "30s"}, b"a", T0, None),
+    ("w3", "orders", {"DELAYQ_WINDOW_MS": "86400001"}, b"a", T0, None),
+    ("w4", "orders", {"DELAYQ_WINDOW_MS": "123456789012"}, b"a", T0, None),
+    ("w5", "orders", {"DELAYQ_WINDOW_MS": "1 "}, b"a", T0, None),
     ("two", None, {"": "v"}, b"", None, None),  # several broken: the first rule wins
 ]
 

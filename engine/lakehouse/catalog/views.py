@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from engine.core.message import DUPLICATE
+from engine.deliver.rates import STATE_SQL_TYPE
 from schemas import DELAY_OFFSET, SCHEDULE
 
 
@@ -40,8 +41,15 @@ def checkpoint_views(database: str) -> dict[str, str]:
     ``delay_offset``, ``schedule`` and ``command_results`` in ``database``)."""
     db = f"`{database}`"
     latest = (
-        f"SELECT watermark, stamp_batch FROM {db}.delay_offset WHERE status = 'committed' "
-        "ORDER BY round DESC LIMIT 1"
+        f"SELECT watermark, stamp_batch, rates FROM {db}.delay_offset "
+        "WHERE status = 'committed' ORDER BY round DESC LIMIT 1"
+    )
+    # rows a topic's rate cap keeps waiting: due by the watermark, above the topic's cursor
+    held = (
+        f"SELECT w.key AS topic, w.value.cursor_us AS us, w.value.cursor_id AS id, "
+        f"w.value.cursor_rev AS rev FROM ({latest}) l "
+        f"LATERAL VIEW explode(from_json(l.rates, '{STATE_SQL_TYPE}')) w AS key, value "
+        "WHERE w.value.cursor_us IS NOT NULL"
     )
     # Columns by name, not s.*: a view keeps the columns it was made with, and the text
     # changes with the schema, so the catalog alters the view after an upgrade.
@@ -49,8 +57,11 @@ def checkpoint_views(database: str) -> dict[str, str]:
     return {
         "pending": f"SELECT {columns} FROM {db}.schedule s "
         f"LEFT JOIN ({latest}) c ON true "
+        f"LEFT JOIN ({held}) h ON lower(s.topic) = h.topic "
         "WHERE (s.deliver_ts > coalesce(c.watermark, TIMESTAMP'1970-01-01 00:00:00') "
-        "OR s.stamp_batch > coalesce(c.stamp_batch, -1)) "
+        "OR s.stamp_batch > coalesce(c.stamp_batch, -1) "
+        "OR unix_micros(s.deliver_ts) > h.us OR (unix_micros(s.deliver_ts) = h.us "
+        "AND (s.msg_id > h.id OR (s.msg_id = h.id AND coalesce(s.revision, 0) > h.rev)))) "
         f"AND NOT EXISTS (SELECT 1 FROM {db}.command_results r WHERE r.msg_id = s.msg_id "
         "AND r.revision = coalesce(s.revision, 0) "
         "AND r.result IN ('cancelled', 'rescheduled'))",

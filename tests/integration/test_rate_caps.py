@@ -1,0 +1,106 @@
+"""Delivery rate caps on real Spark + Delta, with levels ``1s 2s 3s`` and a fake clock."""
+
+from __future__ import annotations
+
+from collections import Counter
+from datetime import timedelta
+
+import pytest
+from pyspark.sql import SparkSession
+
+from engine.control.commands import cancel
+from engine.control.inspect import forecast, pending
+from engine.core.clock import FakeClock
+from engine.core.config import EngineConfig
+from engine.deliver.checkpoint import read_checkpoint
+from engine.lakehouse.storage.layout import layout
+from engine.produce.send import Message, send_many
+from tests.support.crash import Crash, crash_after_writes
+from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows, quiet_engine
+
+pytestmark = pytest.mark.integration
+
+
+def burst(n: int, topic: str = "orders") -> list[Message]:
+    return [Message(topic, f"{topic}-{i}", delay_level=1) for i in range(n)]
+
+
+def test_a_burst_over_its_cap_drains_at_the_cap_in_order_while_other_topics_stay_on_time(
+    spark: SparkSession, make_cfg: object, clock: FakeClock
+) -> None:
+    cfg: EngineConfig = make_cfg(topic_rates={"orders": 10.0})  # type: ignore[operator]
+    orders = send_many(spark, cfg, burst(30), clock)
+    audit = send_many(spark, cfg, burst(4, "audit"), clock)
+    engine = quiet_engine(spark, cfg, clock)
+    seen: list[Counter[str]] = []
+    for _ in range(8):  # to 4 s after the instant, in 0.5 s rounds
+        clock.advance(seconds=0.5)
+        engine.step()
+        seen.append(Counter(str(r["topic"]) for r in delivered_rows(spark, cfg)))
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, orders + audit)
+    # the other topic: all of it in the first round at its time
+    assert seen[1]["audit"] == 4
+    # orders: 10 a second from the instant (the first row at it), in deliver order
+    assert [c["orders"] for c in seen] == [0, 1, 6, 11, 16, 21, 26, 30]
+    by_time = sorted((r for r in rows if r["topic"] == "orders"), key=lambda r: r["delivered_ts"])
+    assert [r["msg_id"] for r in by_time] == sorted(r["msg_id"] for r in by_time)
+    assert max(r["delivered_ts"] - r["deliver_ts"] for r in by_time) == timedelta(seconds=3)
+    assert len({r["deliver_ts"] for r in by_time}) == 1, "all due at one instant"
+    progress, _ = read_checkpoint(spark, layout(cfg))
+    assert progress.rates["orders"].cursor is None, "nothing waits any more"
+    assert engine.status().idle
+
+
+def test_rows_waiting_for_a_cap_survive_a_crash_and_a_changed_cap_exactly_once(
+    spark: SparkSession, make_cfg: object, clock: FakeClock
+) -> None:
+    cfg: EngineConfig = make_cfg(topic_rates={"orders": 4.0})  # type: ignore[operator]
+    ids = send_many(spark, cfg, burst(20), clock)
+    engine = quiet_engine(spark, cfg, clock)
+    clock.advance(seconds=2)
+    engine.step()  # 1 s after the instant: 5 go, 15 wait
+    assert len(delivered_rows(spark, cfg)) == 5
+    crashing = quiet_engine(spark, cfg, clock, sinks=crash_after_writes())
+    clock.advance(seconds=1)
+    with pytest.raises(Crash):
+        crashing.step()  # its topic write landed, its progress did not
+    written = {r["msg_id"] for r in delivered_rows(spark, cfg)}
+    assert len(written) == 9
+    # restarted with the cap lifted: the crashed round replays as planned (its cap), then
+    # every row still waiting goes at once
+    uncapped = make_cfg(lakehouse=cfg.lakehouse, database=cfg.database)  # type: ignore[operator]
+    restarted = quiet_engine(spark, uncapped, clock)
+    assert {r["msg_id"] for r in delivered_rows(spark, uncapped)} == written
+    clock.advance(seconds=0.5)
+    restarted.step()
+    assert_exactly_once_never_early(delivered_rows(spark, uncapped), ids)
+
+
+def test_messages_waiting_for_their_cap_show_as_pending_forecast_at_the_cap_and_cancellable(
+    spark: SparkSession, make_cfg: object, clock: FakeClock
+) -> None:
+    cfg: EngineConfig = make_cfg(topic_rates={"orders": 1 / 60}, register_tables=True)  # type: ignore[operator]
+    ids = send_many(spark, cfg, burst(5), clock)
+    engine = quiet_engine(spark, cfg, clock)
+    clock.advance(seconds=1.5)
+    engine.step()  # due 0.5 s ago at one a minute: one goes, four wait
+    behind = sorted(ids)[1:]
+    assert sorted(r["msg_id"] for r in pending(spark, cfg).collect()) == behind
+    in_sql = spark.sql(f"SELECT msg_id FROM {cfg.database}.pending").collect()
+    assert sorted(r["msg_id"] for r in in_sql) == behind
+    status = engine.status()
+    assert status.capped["orders"][:2] == (4, 1 / 60) and not status.idle
+    assert "orders: 4 waiting for its cap of 1/m, clear at" in status.line(str)
+    # at the cap: one a minute from the minute after the first went
+    minutes = [r["due"] for r in forecast(spark, cfg, clock.now(), minutes=10).collect()]
+    assert minutes == [1, 1, 1, 1]
+    waiting = behind[-1]
+    cancel(spark, cfg, waiting, wait=0, clock=clock)
+    for _ in range(5):
+        clock.advance(seconds=60)
+        engine.step()
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, sorted(ids)[:-1])
+    outcome = spark.read.format("delta").load(layout(cfg).command_results).collect()
+    assert [(r["msg_id"], r["result"]) for r in outcome] == [(waiting, "cancelled")]
