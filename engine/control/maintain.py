@@ -51,11 +51,12 @@ from delta.tables import DeltaTable
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
-from engine.core.clock import Clock, SystemClock, from_millis
+from engine.core.clock import Clock, SystemClock, from_micros, from_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import DelayQError
 from engine.deliver.checkpoint import read_checkpoint
 from engine.deliver.commands import PRUNED_BEFORE
+from engine.deliver.rates import cursors
 from engine.lakehouse.delta.arrow_delta import ArrowDelta
 from engine.lakehouse.delta.delta_log import (
     CONCURRENT_CHANGES,
@@ -231,6 +232,9 @@ def prune_schedule(spark: SparkSession, cfg: EngineConfig, now: datetime) -> str
     if progress.round < 0:
         return "schedule: not pruned: no delivery round has committed yet"
     cutoff = min(progress.watermark, now) - timedelta(milliseconds=cfg.prune_after_ms)
+    # (rows a topic's rate cap holds back are due, not delivered: none at or above a cursor)
+    for us, _, _ in cursors(progress.rates).values():
+        cutoff = min(cutoff, from_micros(us))
     behind = _stamping_behind(spark, cfg, cutoff)
     if behind is not None:
         return f"schedule: not pruned: {behind}"

@@ -294,6 +294,10 @@ def cap_rows(
             # Rows at or below the floor were stamped late: a cursor cannot leave them behind.
             late = _count_at_or_below(keys, floor)
             take = min(count, max(allowed, late))
+            while 0 < take < count and _key(table, order[take].as_py()) == _key(
+                table, order[take - 1].as_py()
+            ):
+                take += 1  # (rows of one key go together: a cursor cannot part them)
             tat_after = base + math.ceil(take * 1e9 / rate)
             if take < count:
                 last = _key(table, order[take - 1].as_py()) if take else floor

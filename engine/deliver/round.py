@@ -702,6 +702,9 @@ class Delivery:
             # a window going back would deliver its rows again).
             now = max(self.clock.now(), prev.watermark)
             plan = replace(plan, watermark=min(plan.watermark, now))
+            # Rows a cap held back were split for the planned watermark: kept, some would be
+            # above the one committed (and read again). The next round reads them again.
+            self._split = None
         self._last_watermark = plan.watermark  # (nothing was due before it: see lead_ms)
         if not due and not decided and not replayed:
             flush_due = (time.monotonic() - self._last_commit) * 1000 >= (

@@ -10,6 +10,7 @@ from pyspark.sql import SparkSession
 
 from engine.control.commands import cancel
 from engine.control.inspect import forecast, pending
+from engine.control.maintain import prune_schedule
 from engine.core.clock import FakeClock
 from engine.core.config import EngineConfig
 from engine.deliver.checkpoint import read_checkpoint
@@ -104,3 +105,62 @@ def test_messages_waiting_for_their_cap_show_as_pending_forecast_at_the_cap_and_
     assert_exactly_once_never_early(rows, sorted(ids)[:-1])
     outcome = spark.read.format("delta").load(layout(cfg).command_results).collect()
     assert [(r["msg_id"], r["result"]) for r in outcome] == [(waiting, "cancelled")]
+
+
+def test_a_round_planned_ahead_that_shows_nothing_keeps_no_row_above_its_watermark(
+    spark: SparkSession, make_cfg: object, clock: FakeClock
+) -> None:
+    """At one a second: the first message goes at its time; two more, due 0.2 and 0.3 s
+    later, are read by a round planned 0.5 s ahead that may show neither (the cap's next
+    slot is 1 s after the first), so it commits up to the clock only. The rounds after read
+    them again and show each once, a second apart."""
+    cfg: EngineConfig = make_cfg(topic_rates={"orders": 1.0})  # type: ignore[operator]
+    start = clock.now().replace(microsecond=0) + timedelta(seconds=1)
+    first = send_many(spark, cfg, [Message("orders", "a", deliver_at=start)], clock)
+    later = send_many(
+        spark, cfg,
+        [Message("orders", b, deliver_at=start + timedelta(milliseconds=ms))
+         for b, ms in (("b", 200), ("c", 300))],
+        clock,
+    )  # fmt: skip
+    engine = quiet_engine(spark, cfg, clock)
+    engine.stamp_available()
+    clock.set(start)
+    assert engine.delivery.run_round().delivered == 1
+    # (a message stamped since, due much later: the next round has something to commit)
+    send_many(spark, cfg, [Message("audit", "later", delay="1h")], clock)
+    engine.stamp_available()
+    clock.set(start + timedelta(milliseconds=100))
+    ahead = engine.delivery.run_round(lead_ms=500)
+    assert (ahead.delivered, ahead.committed) == (0, True)
+    assert ahead.watermark == start + timedelta(milliseconds=100), "cut back to the clock"
+    for seconds in (1.1, 2.1, 3.1):
+        clock.set(start + timedelta(seconds=seconds))
+        engine.delivery.run_round()
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early([r for r in rows if r["topic"] == "orders"], first + later)
+    shown = sorted(r["delivered_ts"] - r["deliver_ts"] for r in rows)
+    assert shown == [timedelta(0), timedelta(milliseconds=900), timedelta(milliseconds=1800)]
+
+
+def test_maintenance_never_prunes_rows_waiting_for_a_cap(
+    spark: SparkSession, make_cfg: object, clock: FakeClock
+) -> None:
+    cfg: EngineConfig = make_cfg(  # type: ignore[operator]
+        topic_rates={"orders": 1 / 3600}, prune_after_ms=3_600_000, dedup_window_ms=0
+    )
+    early = send_many(spark, cfg, burst(1, "audit"), clock)
+    engine = quiet_engine(spark, cfg, clock)
+    clock.advance(seconds=10)
+    ids = send_many(spark, cfg, burst(3), clock)
+    clock.advance(seconds=1.5)
+    engine.step()  # the audit message, and one of the three; two wait an hour each
+    clock.advance(seconds=3600)
+    engine.step()  # the second
+    said = prune_schedule(spark, cfg, clock.now() + timedelta(hours=2))
+    assert said.startswith("schedule: pruned 1 rows"), said
+    left = spark.read.format("delta").load(layout(cfg).schedule).collect()
+    assert sorted(r["msg_id"] for r in left) == sorted(ids), "the waiting one stays"
+    clock.advance(seconds=3600)
+    engine.step()
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), early + ids)

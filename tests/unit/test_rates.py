@@ -176,3 +176,11 @@ def test_a_row_cancelled_while_it_waits_is_left_out_before_the_split_either_way(
     assert ids(kept.deliver) == ids(again.deliver) == ["m00001", "m00002", "m00004", "m00006",
                                                        "m00007"]  # fmt: skip
     assert kept.state == again.state
+
+
+def test_rows_of_one_key_go_together() -> None:
+    # (two rows with one id and time, possible with deduplication off): a cursor between
+    # them would leave the second neither delivered nor waiting
+    same = pa.concat_tables([rows("orders", 1, S), rows("orders", 1, S)])
+    out = cap_rows(same, {"orders": 1.0}, {}, watermark_us=S, after_us=0)
+    assert ids(out.deliver) == ["m00000", "m00000"]
