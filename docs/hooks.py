@@ -76,6 +76,8 @@ VIEWS = {
     "schedules": "recurring schedule not deleted: its newest revision and `next_fire_ts`, its"
     " next occurrence not sent yet, as the running engine published it (named once an engine"
     " has fired schedules; see [Recurring schedules](../guides/recurring.md))",
+    "schedule_request_results": "row inserted into `schedule_requests`: `applied` with the"
+    " revision it made, or `refused` with why (named once the engine has decided one)",
 }
 
 

@@ -9,6 +9,7 @@ from schemas.tables import (
     QUARANTINE,
     RECURRING,
     SCHEDULE,
+    SCHEDULE_REQUESTS,
     TOPIC,
     column_names,
 )
@@ -22,6 +23,7 @@ __all__ = [
     "QUARANTINE",
     "RECURRING",
     "SCHEDULE",
+    "SCHEDULE_REQUESTS",
     "TOPIC",
     "column_names",
 ]

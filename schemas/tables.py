@@ -195,6 +195,32 @@ RECURRING = StructType(
     )
 )
 
+#: Changes to recurring schedules asked for in SQL (``INSERT INTO``): the engine applies
+#: each row once, in commit order (``engine.recur.requests``). ``action`` is ``create``,
+#: ``update``, ``pause``, ``resume`` or ``delete``; the other columns are the schedule's
+#: fields (null: not given; for ``update``, unchanged).
+SCHEDULE_REQUESTS = StructType(
+    _fields(
+        ("name", StringType()),
+        ("action", StringType()),
+        ("topic", StringType()),
+        ("body", StringType()),
+        ("cron", StringType()),
+        ("every", StringType()),
+        ("at", ArrayType(StringType(), containsNull=False)),
+        ("time_zone", StringType()),
+        ("start_ts", TimestampType()),
+        ("end_ts", TimestampType()),
+        ("jitter", StringType()),
+        ("catch_up", StringType()),
+        ("catch_up_window", StringType()),
+        ("keys", ArrayType(StringType(), containsNull=False)),
+        ("tags", StringType()),
+        ("properties", MapType(StringType(), StringType(), valueContainsNull=True)),
+        ("requested_ts", TimestampType()),
+    )
+)
+
 #: The delayOffset checkpoint: one ``committed`` row per queue holding that queue's
 #: progress, plus at most one ``planned`` row (``queue_id`` null) for a round whose topic
 #: writes may have started. ``watermark``/``schedule_version``/``stamp_batch`` fix which

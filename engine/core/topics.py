@@ -27,9 +27,12 @@ _TOPIC = re.compile(TOPIC_CHARS)
 #: The engine's own tables, made when the engine or a producer first opens a lakehouse.
 ENGINE_TABLES = ("commitlog", "schedule", "quarantine", "commands", "command_results")
 #: Tables made on first use; registered by name when present.
-OPTIONAL_TABLES = ("consumer_log", "recurring")
+OPTIONAL_TABLES = ("consumer_log", "recurring", "schedule_requests")
 #: The engine's views.
-ENGINE_VIEWS = ("delay_offset", "pending", "due_forecast", "consumer_lag", "schedules")
+ENGINE_VIEWS = (
+    "delay_offset", "pending", "due_forecast", "consumer_lag", "schedules",
+    "schedule_request_results",
+)  # fmt: skip
 #: A consumer group's retry and dead-letter topics (RocketMQ's %RETRY%<group>, %DLQ%<group>).
 RETRY_PREFIX = "retry_"
 DLQ_PREFIX = "dlq_"

@@ -178,18 +178,9 @@ def create_schedules(
     table = recurring_table(cfg)
     existing = read_schedules(table)
     made: list[RecurringSchedule] = []
-    seen: set[str] = set()
     for spec in schedules:
-        name = spec.get("name")
-        _check_name(name)
-        assert isinstance(name, str)
-        latest = existing.get(name)
-        if name in seen or (latest is not None and latest.state != DELETED):
-            raise ScheduleError(
-                "name", name, "a schedule of that name exists (update or delete it)"
-            )
-        seen.add(name)
-        made.append(_made(cfg, spec, now, (latest.revision + 1) if latest else 1))
+        made.append(revise(cfg, existing, CREATE, spec, now))
+        existing[made[-1].name] = made[-1]  # (a name twice in one call: the second exists)
     _append(table, made)
     return made
 
@@ -254,7 +245,15 @@ def update_schedule(
         2
     """
     table = recurring_table(cfg)
-    old = _existing(table, name)
+    schedule = _updated(cfg, _existing(table, name), changes, (clock or SystemClock()).now())
+    _append(table, schedule)
+    return schedule
+
+
+def _updated(
+    cfg: EngineConfig, old: RecurringSchedule, changes: Mapping[str, Any], now: datetime
+) -> RecurringSchedule:
+    """The revision :func:`update_schedule` makes of ``old``, checked."""
     known = _CREATE_FIELDS - {"name"}
     unknown = sorted(set(changes) - known)
     if unknown:
@@ -270,8 +269,6 @@ def update_schedule(
         end=changes.get("end", rec.end),
         jitter=changes.get("jitter", rec.jitter_ms),
     )
-    clock = clock or SystemClock()
-    now = clock.now()
     message = Message(
         changes.get("topic", old.topic),
         changes.get("body", old.body),
@@ -281,7 +278,7 @@ def update_schedule(
     )
     fields = validate(message, cfg, now)
     window = changes.get("catch_up_window")
-    schedule = replace(
+    return replace(
         old,
         revision=old.revision + 1,
         action=UPDATE,
@@ -297,8 +294,52 @@ def update_schedule(
         tags=fields["tags"],
         properties=fields["properties"],
     )
-    _append(table, schedule)
-    return schedule
+
+
+def revise(
+    cfg: EngineConfig,
+    current: Mapping[str, RecurringSchedule],
+    action: str,
+    spec: Mapping[str, Any],
+    now: datetime,
+) -> RecurringSchedule:
+    """The revision a change makes, given each schedule's newest revision (``current``):
+    ``create`` (``spec`` as :func:`create_schedule`'s arguments), ``update`` (the fields
+    that change), ``pause``, ``resume`` or ``delete``. Writes nothing.
+
+    Raises:
+        ScheduleError: naming the bad field (the action, the name, a schedule field).
+        InvalidMessageError: a bad message field.
+
+    Example:
+        >>> revise(cfg, {}, "create", {"name": "n", "topic": "t", "body": "b",
+        ...        "every": "1m"}, now).revision  # doctest: +SKIP
+        1
+    """
+    name = spec.get("name")
+    _check_name(name)
+    assert isinstance(name, str)
+    latest = current.get(name)
+    if action == CREATE:
+        if latest is not None and latest.state != DELETED:
+            raise ScheduleError(
+                "name", name, "a schedule of that name exists (update or delete it)"
+            )
+        return _made(cfg, spec, now, (latest.revision + 1) if latest else 1)
+    if action not in _STATES and action != UPDATE:
+        raise ScheduleError("action", action, "one of create, update, pause, resume, delete")
+    if latest is None or latest.state == DELETED:
+        raise ScheduleError("name", name, "no such schedule")
+    if action == UPDATE:
+        changes = {k: v for k, v in spec.items() if k != "name"}
+        return _updated(cfg, latest, changes, now)
+    return replace(
+        latest, revision=latest.revision + 1, action=action, state=_STATES[action], effective=now
+    )
+
+
+#: The state each change of state leaves a schedule in.
+_STATES = {PAUSE: PAUSED, RESUME: ACTIVE, DELETE: DELETED}
 
 
 def pause_schedule(cfg: EngineConfig, name: str, clock: Clock | None = None) -> RecurringSchedule:
@@ -377,6 +418,11 @@ def _change(
     return schedule
 
 
+def revision_rows(schedules: Sequence[RecurringSchedule], schema: pa.Schema) -> pa.Table:
+    """Revisions as ``recurring`` rows."""
+    return pa.Table.from_pylist([_row(s) for s in schedules], schema=schema)
+
+
 def _existing(table: ArrowDelta, name: str) -> RecurringSchedule:
     _check_name(name)
     old = read_schedules(table).get(name)
@@ -406,7 +452,7 @@ def _window(value: object) -> int:
 def _append(table: ArrowDelta, schedules: RecurringSchedule | list[RecurringSchedule]) -> None:
     """Append revisions in one commit."""
     many = schedules if isinstance(schedules, list) else [schedules]
-    table.append(pa.Table.from_pylist([_row(s) for s in many], schema=table.schema()))
+    table.append(revision_rows(many, table.schema()))
 
 
 def _row(schedule: RecurringSchedule) -> dict[str, Any]:
@@ -473,5 +519,7 @@ __all__ = [
     "read_schedules",
     "recurring_table",
     "resume_schedule",
+    "revise",
+    "revision_rows",
     "update_schedule",
 ]

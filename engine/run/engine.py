@@ -61,6 +61,7 @@ from engine.lakehouse.state.lease import Heartbeat, Lease
 from engine.lakehouse.storage.layout import layout
 from engine.produce.send import send_arrow
 from engine.recur.fire import Firing
+from engine.recur.requests import ScheduleRequests, requests_table
 from engine.run.failures import is_transient, retry_or_stop
 from engine.run.upkeep import Upkeep
 from engine.stamp.query import StampQuery
@@ -171,6 +172,9 @@ class Engine:
             send=self._send_recurring,
             published=self.catalog.after_publish,
         )
+        self.requests = ScheduleRequests(
+            cfg, self.clock, fence=self.lease.check, applied=self.catalog.after_requests
+        )
         self._recurring: Upkeep | None = None  # fires recurring schedules while started
         self._row_counts = RowCounts()  # status(): each table's log followed from call to call
         self._listeners: list[RoundListener] = []
@@ -198,6 +202,7 @@ class Engine:
             return self
         self.hold()
         ensure_tables(self.spark, self.cfg)
+        requests_table(self.cfg)  # (SQL users insert their schedule changes there)
         check_tables_keep_txn(self.cfg)
         self.delivery.open()
         check_checkpoints(
@@ -253,6 +258,7 @@ class Engine:
             self.spark, self.cfg, self.layout, self.clock, self._sinks, fence=fence
         )
         self.recurring.reset()  # (another engine may have fired schedules meanwhile)
+        self.requests.reset()
         self._opened = False
         self.open()
 
@@ -294,9 +300,14 @@ class Engine:
         """Fire recurring schedules, stamp what is available, then run one delivery round;
         for tests and notebooks."""
         self.open()
-        self.recurring.run()
+        self._schedules()
         self.stamp_available()
         return self._deliver()
+
+    def _schedules(self) -> None:
+        """Apply the schedule changes asked for in SQL, then fire recurring schedules."""
+        self.requests.apply()
+        self.recurring.run()
 
     def _send_recurring(self, rows: pa.Table, txn: Txn) -> None:
         """Recurring schedules' messages into ``commitlog``, one commit (a fenced engine
@@ -534,7 +545,7 @@ class Engine:
             )
             self._first.start()
         self._recurring = Upkeep(
-            self.recurring.run, RECURRING_INTERVAL_S, "delayq-recurring", "firing schedules"
+            self._schedules, RECURRING_INTERVAL_S, "delayq-recurring", "firing schedules"
         ).start()
 
     def _plan_first(self) -> bool:

@@ -38,6 +38,7 @@ from engine.lakehouse.catalog.views import (
     delay_offset_query,
     history_query,
     lag_sql,
+    request_results_query,
     schedules_query,
 )
 from engine.lakehouse.delta.delta_log import list_topics, table_exists
@@ -209,6 +210,18 @@ def register_schedules_view(spark: SparkSession, cfg: EngineConfig) -> bool:
     return True
 
 
+@_one_at_a_time
+def register_request_results_view(spark: SparkSession, cfg: EngineConfig) -> bool:
+    """Name ``<database>.schedule_request_results`` once the engine has decided a request
+    made in SQL (:mod:`engine.recur.requests`); whether it did."""
+    folder = layout(cfg).checkpoint("schedule-requests")
+    if not list_files(folder, ".json"):
+        return False
+    ensure_database(spark, cfg)
+    put_view(spark, cfg.database, "schedule_request_results", request_results_query(folder))
+    return True
+
+
 def lag_tables(spark: SparkSession, cfg: EngineConfig) -> dict[str, str] | None:
     """Topic table name -> path, for the tables some consumer group has committed a
     position in (``None`` when no group ever committed)."""
@@ -271,6 +284,8 @@ def _register_all(spark: SparkSession, cfg: EngineConfig) -> list[str]:
         register_lag_view(spark, cfg)
     if "recurring" in present:
         register_schedules_view(spark, cfg)
+    if "schedule_requests" in present:
+        register_request_results_view(spark, cfg)
     return topics
 
 
@@ -322,6 +337,14 @@ class Catalog:
             self._known.add("schedules")
             self._try(register_table, "recurring", layout(self.cfg).recurring)
             self._try(register_schedules_view)
+
+    def after_requests(self) -> None:
+        """Name the results of the schedule requests made in SQL once some are decided."""
+        if not self.cfg.register_tables or "schedule_request_results" in self._known:
+            return
+        with REGISTERING:
+            self._known.add("schedule_request_results")
+            self._try(register_request_results_view)
 
     def _try(self, register: Callable[..., Any], *args: Any) -> None:
         """Names are a convenience: a registration that fails mid-run is logged and

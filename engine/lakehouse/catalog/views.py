@@ -72,6 +72,32 @@ def checkpoint_views(database: str) -> dict[str, str]:
     }
 
 
+#: The columns of ``schedule_request_results``, as the engine writes them (JSON lines).
+_REQUEST_RESULTS = (
+    ("version", "BIGINT"), ("row", "BIGINT"), ("name", "STRING"), ("action", "STRING"),
+    ("result", "STRING"), ("revision", "BIGINT"), ("detail", "STRING"),
+    ("decided_ts", "TIMESTAMP"), ("status", "STRING"),
+)  # fmt: skip
+
+
+def request_results_query(path: str) -> str:
+    """The query of the ``schedule_request_results`` view over the outcomes the engine
+    wrote at ``path`` (:mod:`engine.recur.requests`): one row per request applied or refused.
+
+    Example:
+        >>> request_results_query("/lake/_checkpoints/schedule-requests")[:38]
+        'SELECT r.version AS request_version, r'
+    """
+    as_text = ", ".join(f"`{n}`: STRING" for n, _ in _REQUEST_RESULTS)
+    return (
+        "SELECT r.version AS request_version, r.row AS request_row, r.name, r.action, r.result, "
+        "CAST(r.revision AS BIGINT) AS revision, r.detail, "
+        "CAST(r.decided_ts AS TIMESTAMP) AS decided_ts FROM "
+        f"(SELECT from_json(value, 'STRUCT<{as_text}>') AS r FROM text.`{path}` "
+        "WHERE trim(value) != '') WHERE r.status = 'applied'"
+    )
+
+
 def schedules_query(database: str, next_path: str) -> str:
     """The query of the ``schedules`` view: each recurring schedule's newest revision (not
     deleted), with its next occurrence as the engine published it at ``next_path`` (null

@@ -10,6 +10,7 @@ Layout under the lakehouse root::
     command_results/    what each command did
     consumer_log/       consumer groups' commits (progress, failed messages)
     recurring/          recurring schedules (their revisions)
+    schedule_requests/  changes to recurring schedules asked for in SQL
     topics/<topic>/     one table per real topic
     _checkpoints/       Spark streaming checkpoints
 
@@ -73,6 +74,12 @@ class Layout:
     def recurring(self) -> str:
         """Path of the ``recurring`` table (recurring schedules' revisions)."""
         return f"{self.root}/recurring"
+
+    @property
+    def schedule_requests(self) -> str:
+        """Path of the ``schedule_requests`` table (changes to recurring schedules asked for
+        in SQL)."""
+        return f"{self.root}/schedule_requests"
 
     @property
     def recurring_next(self) -> str:
