@@ -21,6 +21,12 @@ any round. The files are dropped (left to ``VACUUM``), and the rows delivered by
 rounds, when anything could make them differ from what the round would read then: a cancel or
 reschedule sent meanwhile, a failed job, a round number reached, a clock far past ``T``.
 
+With a delivery rate cap (:mod:`engine.deliver.rates`), rounds run on the driver, and a mass
+of a capped topic's rows is read ahead instead (:class:`ReadAhead`, in the same background
+thread, any ``delivery.mode``): the round reaching ``T`` takes those rows as a backlog already
+in order, reads the rest as usual, and files holding nothing but them are not read again.
+Only a replay reads them again; its rows are the same.
+
 Example:
     >>> mass_due([], now_us=0, rows_over=10) is None
     True
@@ -34,9 +40,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from datetime import datetime
 
+import pyarrow as pa
+import pyarrow.dataset as ds
+
 from engine.deliver.lateness import Lateness
 from engine.deliver.tasks import Written
-from engine.lakehouse.delta.live_files import DataFile
+from engine.lakehouse.delta.live_files import DataFile, Part, files_dataset
+from engine.lakehouse.storage.store import Store
 
 #: How far ahead a mass of rows is looked for.
 HORIZON_S = 30
@@ -90,6 +100,48 @@ class Ahead:
         for job in self.jobs:  # (a new one each time: the jobs' own are left as they are)
             combined.absorb(job.result())
         return combined
+
+
+@dataclass(frozen=True)
+class ReadAhead:
+    """Rows of capped topics due in ``(after, until]``, stamped up to ``batch``, being read
+    before the round that reaches them.
+
+    Attributes:
+        after: the window's start (the rounds before it stop there).
+        until: its end.
+        batch: the highest stamping batch the read takes.
+        commands_version: the ``commands`` version then (a later one drops the read).
+        results_version: the ``command_results`` version then (likewise).
+        job: the rows, and the files (Arrow paths) the read took every row of.
+    """
+
+    after: datetime
+    until: datetime
+    batch: int
+    commands_version: int
+    results_version: int
+    job: Future[tuple[pa.Table, frozenset[str]]]
+
+
+def read_rows(
+    parts: Iterable[Part], schema: pa.Schema, store: Store, rows: ds.Expression
+) -> tuple[pa.Table, frozenset[str]]:
+    """The rows of ``parts`` that ``rows`` selects, and the files all of whose rows it
+    selected (by their Arrow paths).
+
+    Example:
+        >>> read_rows([], schema, store, ds.field("topic") == "t")  # doctest: +SKIP
+        (pyarrow.Table ..., frozenset())
+    """
+    tables, whole = [], set()
+    for part in parts:
+        found = files_dataset([part], schema, store).to_table(filter=rows)
+        if part.rows and found.num_rows == part.rows:
+            whole.add(part.path)
+        tables.append(found)
+    table = pa.concat_tables(tables) if tables else schema.empty_table()
+    return table, frozenset(whole)
 
 
 def mass_due(
@@ -161,7 +213,9 @@ __all__ = [
     "SOONEST_S",
     "SPREAD_US",
     "Ahead",
+    "ReadAhead",
     "ahead_round",
     "job_group",
     "mass_due",
+    "read_rows",
 ]

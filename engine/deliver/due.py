@@ -54,7 +54,9 @@ class Window:
     the rows due after ``start`` stamped up to ``batch`` (written ahead already); with
     ``held`` ``((topic, cursor), ...)``, rows of those topic tables above their cursor
     instead of those due after ``after`` (rows a rate cap left waiting,
-    :mod:`engine.deliver.rates`)."""
+    :mod:`engine.deliver.rates`); with ``read`` ``(after_us, until_us, batch, topics)``, not
+    the rows of those topic tables due in ``(after_us, until_us]`` stamped up to ``batch``
+    (read ahead of the round)."""
 
     after: datetime
     until: datetime
@@ -64,6 +66,7 @@ class Window:
     #: Files :meth:`counted` accepts are counted from their statistics, not read.
     by_stats: bool = False
     held: tuple[tuple[str, Key], ...] = ()
+    read: tuple[int, int, int, tuple[str, ...]] | None = None
 
     @property
     def floor(self) -> datetime:
@@ -119,6 +122,12 @@ class Window:
             for name, key in self.held:
                 recent = recent | ((topic == name) & above(key))
         due = (deliver <= until) & (recent | (batch > self.stamped_after))
+        if self.read is not None:
+            start_us, end_us, read_upto, topics = self.read
+            band = (deliver > pa.scalar(start_us, pa.int64()).cast(TS)) & (
+                deliver <= pa.scalar(end_us, pa.int64()).cast(TS)
+            )
+            due = due & ~(lowered_topic().isin(list(topics)) & band & (batch <= read_upto))
         low, high = self.batches or (None, None)
         if low is not None:
             due = due & (batch > low)

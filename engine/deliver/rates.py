@@ -102,6 +102,8 @@ class Backlog:
         cursor: that round's cursor for the topic.
         checked: the cancel and reschedule marks (``msg_id + "\x00" + revision``) already
             taken out of ``order``.
+        fresh: rows read for this round ahead of it (:func:`read_ahead`), not left waiting
+            by an earlier one: the round counts them as rows it read.
     """
 
     rows: pa.Table
@@ -109,6 +111,7 @@ class Backlog:
     round: int = -1
     cursor: Key | None = None
     checked: frozenset[str] = frozenset()
+    fresh: bool = False
 
     @property
     def size(self) -> int:
@@ -219,14 +222,15 @@ def _ordered(
     if kept is None or kept.size == 0:
         return keyed, order, 0
     start = kept.rows.num_rows
+    new_from = 0 if kept.fresh else start
     if len(mine) == 0:
-        return kept.rows, kept.order, start
+        return kept.rows, kept.order, new_from
     if _key(keyed, order[0].as_py()) > kept.last_key():  # (the usual case: due since)
         both = pa.concat_tables([kept.rows, keyed.cast(kept.rows.schema)])
-        return both, pa.concat_arrays([kept.order, pc.add(order, start)]), start
+        return both, pa.concat_arrays([kept.order, pc.add(order, start)]), new_from
     waiting = kept.rows.take(kept.order)  # (a row stamped late among them: sorted again)
     both = pa.concat_tables([waiting, keyed.take(mine).cast(waiting.schema)])
-    return both, _sorted(both.select(list(_KEYS))), waiting.num_rows
+    return both, _sorted(both.select(list(_KEYS))), 0 if kept.fresh else waiting.num_rows
 
 
 def cap_rows(
@@ -316,6 +320,27 @@ def cap_rows(
     narrow = rows.select(list(_NARROW)).slice(0, 0)
     new_waiting = pa.concat_tables(waiting_new) if waiting_new else narrow
     return Capped(deliver, mine, new_waiting, new_state, kept, tuple(topics))
+
+
+def read_ahead(rows: pa.Table) -> dict[str, Backlog]:
+    """Rows of capped topics due at one instant, read before it, as a backlog per topic
+    (in key order, ``fresh``) for the round that reaches the instant.
+
+    Example:
+        >>> import pyarrow as pa
+        >>> from engine.deliver.due import TS
+        >>> rows = pa.table({"topic": ["T", "t"], "msg_id": ["b", "a"],
+        ...     "revision": pa.array([0, 0], pa.int32()), "deliver_ts": pa.array([5, 5], TS)})
+        >>> [r["msg_id"] for r in read_ahead(rows)["t"].rows.take(read_ahead(rows)["t"].order)
+        ...  .to_pylist()]
+        ['a', 'b']
+    """
+    lowered = pc.utf8_lower(rows["topic"])
+    out: dict[str, Backlog] = {}
+    for topic in sorted(t for t in lowered.unique().to_pylist() if t):
+        keyed = _keyed(rows.filter(pc.equal(lowered, topic)))
+        out[topic] = Backlog(keyed, _sorted(keyed.select(list(_KEYS))), fresh=True)
+    return out
 
 
 def _is_removed(rows: pa.Table, removed: pa.Array) -> pa.Array | pa.ChunkedArray:
@@ -411,6 +436,7 @@ __all__ = [
     "lowered_topic",
     "rate_for",
     "rate_text",
+    "read_ahead",
     "state_json",
     "state_of",
 ]

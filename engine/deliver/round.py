@@ -61,7 +61,15 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from engine.core.clock import Clock, from_micros, from_millis, to_micros, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import RetryableError
-from engine.deliver.ahead import SOONEST_S, Ahead, ahead_round, job_group, mass_due
+from engine.deliver.ahead import (
+    SOONEST_S,
+    Ahead,
+    ReadAhead,
+    ahead_round,
+    job_group,
+    mass_due,
+    read_rows,
+)
 from engine.deliver.checkpoint import (
     RETAIN_ROUNDS,
     Plan,
@@ -99,7 +107,16 @@ from engine.deliver.due import (
 )
 from engine.deliver.lateness import Lateness
 from engine.deliver.quiet import Quiet, next_due_us
-from engine.deliver.rates import Backlog, Capped, TopicRate, cap_rows, cursors
+from engine.deliver.rates import (
+    DEFAULT,
+    Backlog,
+    Capped,
+    TopicRate,
+    cap_rows,
+    cursors,
+    lowered_topic,
+    read_ahead,
+)
 from engine.deliver.sinks import DeltaTopicSink, SinkFactory, Sinks, SinkSet
 from engine.deliver.tasks import (
     RoundJob,
@@ -252,6 +269,7 @@ class Delivery:
         # those rows, per topic, as the last committed round left them (engine.deliver.rates)
         self._backlogs: dict[str, Backlog] = {}
         self._split: tuple[Candidates, Capped] | None = None  # the round's, once split
+        self._read: ReadAhead | None = None  # capped topics' rows read ahead (ahead.py)
 
     def open(self) -> Delivery:
         """Load the committed progress and an interrupted round's plan; returns ``self``."""
@@ -287,6 +305,9 @@ class Delivery:
     def close(self) -> None:
         """Close what the sinks hold open (Kafka producers); a later round opens them again."""
         self._drop_ahead()
+        if self._read is not None:
+            self._read.job.cancel()
+            self._read = None
         if self._ahead_pool is not None:
             self._ahead_pool.shutdown(wait=False, cancel_futures=True)
             self._ahead_pool = None
@@ -368,6 +389,7 @@ class Delivery:
             # (a window never goes back: its rows would be delivered again)
             plan = replace(plan, watermark=max(until, prev.watermark))
         plan, ahead = self._with_ahead(prev, plan)
+        plan, read = self._with_read(prev, plan)
         resolution = self._resolve_commands(prev, plan)
         if resolution is not None:
             ahead = None  # (its files cannot show what the commands decide: written again)
@@ -382,6 +404,12 @@ class Delivery:
         }
         held = tuple(sorted((t, c) for t, c in waiting.items() if t not in kept))
         window = Window(prev.watermark, plan.watermark, prev.stamp_batch, by_stats=True, held=held)
+        whole: frozenset[str] = frozenset()  # files read ahead, every row of them
+        if read is not None and resolution is None:
+            ra, fresh, whole = read
+            kept.update(fresh)
+            bounds = (to_micros(ra.after), to_micros(ra.until), ra.batch, tuple(sorted(fresh)))
+            window = dataclasses.replace(window, read=bounds)
         reach = dataclasses.replace(window, held=tuple(sorted(waiting.items())))
         if not reach.follows(self._retired):
             self._schedule.reset()  # files retired for a later progress may hold rows
@@ -393,8 +421,12 @@ class Delivery:
         if written is not None:
             found = Candidates(_NO_ROWS, written.summary, written.files, written.rows)
         else:
+            store = self._schedule.store
             found = read_candidates(
-                self._schedule.dataset(plan.schedule_version, keep=window.may_hold),
+                self._schedule.dataset(
+                    plan.schedule_version,
+                    keep=lambda f: window.may_hold(f) and store.arrow_path(f.path) not in whole,
+                ),
                 window,
                 removed,
             )
@@ -414,6 +446,9 @@ class Delivery:
     def _look_ahead(self) -> None:
         """After a committed round: start writing ahead the next mass of rows due at one
         instant, if there is one (:mod:`engine.deliver.ahead`)."""
+        if self.cfg.rates():
+            self._read_ahead()
+            return
         sinks = self._delta_sinks()  # (first: the driver mode pays nothing more per round)
         if (
             sinks is None
@@ -464,6 +499,82 @@ class Delivery:
             "writing ahead round %d: %s rows due at %s", number,
             sum(p.rows for p in job.parts), until.isoformat(),
         )  # fmt: skip
+
+    def _read_ahead(self) -> None:
+        """After a committed round, with rate caps: start reading ahead the next mass of
+        capped topics' rows due at one instant, if there is one (:class:`ReadAhead`)."""
+        if (
+            self._read is not None
+            or self.pending is not None
+            or self._open_commands
+            or self._commands.latest() > self.progress.commands_version
+        ):
+            return
+        prev, now = self.progress, self.clock.now()
+        version = self._schedule.latest()
+        found = mass_due(
+            self._schedule.files(version),
+            now_us=to_micros(now),
+            rows_over=self.cfg.deliver_driver_rows,
+        )
+        if found is None or found[0] < to_micros(prev.watermark):
+            return
+        caps, held = self.cfg.rates(), list(cursors(prev.rates))
+        named = [t for t in caps if t != DEFAULT]
+        if caps.get(DEFAULT, 0.0) > 0:  # (every topic but those uncapped, and those held)
+            capped = ~lowered_topic().isin([t for t in named if caps[t] <= 0] + held)
+        else:
+            capped = lowered_topic().isin([t for t in named if caps[t] > 0 and t not in held])
+        after, until = from_micros(found[0]), from_micros(found[1])
+        band = Window(after, until, _NO_BATCH, batches=(None, prev.stamp_batch))
+        parts = self._schedule.parts(version, keep=band.may_hold)
+        schema, store = self._schedule.schema(version), self._schedule.store
+        if self._ahead_pool is None:
+            self._ahead_pool = ThreadPoolExecutor(1, thread_name_prefix="delayq-ahead")
+        job = self._ahead_pool.submit(read_rows, parts, schema, store, band.due() & capped)
+        self._read = ReadAhead(
+            after, until, prev.stamp_batch, self._commands.latest(), self._results.latest(), job
+        )
+        log.info("reading ahead capped topics' rows due at %s", until.isoformat())
+
+    def _with_read(
+        self, prev: Progress, plan: Plan
+    ) -> tuple[Plan, tuple[ReadAhead, dict[str, Backlog], frozenset[str]] | None]:
+        """The round's plan with rows read ahead in view (as :meth:`_with_ahead`): up to
+        their window's start while its end is not in reach, then the round that takes them;
+        the read is dropped when its rows may no longer be what the round reads."""
+        ra = self._read
+        if ra is None or self.pending is not None:
+            return plan, None
+        job = ra.job
+        if (
+            self._commands_to_decide(prev, plan)
+            or self._open_commands
+            or self._commands.latest() != ra.commands_version
+            or self._results.latest() != ra.results_version
+            or prev.watermark > ra.after
+            or (job.done() and (job.cancelled() or job.exception() is not None))
+        ):
+            self._read = None
+            job.cancel()
+            return plan, None
+        if plan.watermark <= ra.after:
+            return plan, None
+        if plan.watermark < ra.until:
+            return replace(plan, watermark=ra.after), None
+        self._read = None
+        try:
+            rows, whole = job.result(
+                timeout=max(0.0, (ra.until - self.clock.now()).total_seconds())
+            )
+        except Exception as err:  # (not read in time, or failed: the rows go the usual way)
+            job.cancel()
+            log.warning("capped topics' rows read ahead not used (%s)", err or type(err).__name__)
+            return plan, None
+        fresh = read_ahead(rows)
+        if not fresh or set(fresh) & set(cursors(prev.rates)):
+            return plan, None  # (a topic held since: its rows are read above its cursor)
+        return plan, (ra, fresh, whole)
 
     def _ahead_layer(
         self, topics: DeltaTopicSink, ahead: Ahead, prev: Progress, now: datetime

@@ -164,3 +164,55 @@ def test_maintenance_never_prunes_rows_waiting_for_a_cap(
     clock.advance(seconds=3600)
     engine.step()
     assert_exactly_once_never_early(delivered_rows(spark, cfg), early + ids)
+
+
+def test_a_capped_mass_read_ahead_is_taken_without_reading_its_files_again(
+    spark: SparkSession, make_cfg: object, clock: FakeClock
+) -> None:
+    cfg: EngineConfig = make_cfg(  # type: ignore[operator]
+        topic_rates={"orders": 10.0}, deliver_driver_rows=10
+    )
+    instant = clock.now().replace(microsecond=0) + timedelta(seconds=10)
+    ids = send_many(
+        spark, cfg, [Message("orders", f"{i}", deliver_at=instant) for i in range(40)], clock
+    )
+    engine = quiet_engine(spark, cfg, clock)
+    engine.step()  # stamps them; the round after looks ahead: 40 due in 10 s, more than 10
+    read = engine.delivery._read
+    assert read is not None and read.job.result()[0].num_rows == 40
+    clock.set(instant + timedelta(milliseconds=500))
+    at = engine.step()
+    assert (at.delivered, at.files_read) == (6, 0), "taken from what was read ahead"
+    for _ in range(8):
+        clock.advance(seconds=0.5)
+        engine.step()
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, ids)
+    per_round = Counter(r["delivery_round"] for r in rows)
+    assert sorted(per_round.values(), reverse=True)[:2] == [6, 5]
+
+
+def test_a_round_taking_rows_read_ahead_killed_after_its_writes_is_replayed_from_storage(
+    spark: SparkSession, make_cfg: object, clock: FakeClock
+) -> None:
+    cfg: EngineConfig = make_cfg(  # type: ignore[operator]
+        topic_rates={"orders": 10.0}, deliver_driver_rows=10
+    )
+    instant = clock.now().replace(microsecond=0) + timedelta(seconds=10)
+    ids = send_many(
+        spark, cfg, [Message("orders", f"{i}", deliver_at=instant) for i in range(40)], clock
+    )
+    crashing = quiet_engine(spark, cfg, clock, sinks=crash_after_writes())
+    crashing.step()
+    assert crashing.delivery._read is not None
+    clock.set(instant + timedelta(milliseconds=500))
+    with pytest.raises(Crash):
+        crashing.step()
+    written = {r["msg_id"] for r in delivered_rows(spark, cfg)}
+    assert len(written) == 6
+    restarted = quiet_engine(spark, cfg, clock)  # replays the round, reading schedule
+    assert {r["msg_id"] for r in delivered_rows(spark, cfg)} == written
+    for _ in range(8):
+        clock.advance(seconds=0.5)
+        restarted.step()
+    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids)
