@@ -44,6 +44,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 
 from engine.deliver.lateness import Lateness
+from engine.deliver.rates import Backlog, read_ahead
 from engine.deliver.tasks import Written
 from engine.lakehouse.delta.live_files import DataFile, Part, files_dataset
 from engine.lakehouse.storage.store import Store
@@ -113,7 +114,8 @@ class ReadAhead:
         batch: the highest stamping batch the read takes.
         commands_version: the ``commands`` version then (a later one drops the read).
         results_version: the ``command_results`` version then (likewise).
-        job: the rows, and the files (Arrow paths) the read took every row of.
+        job: the rows as a backlog per topic (:func:`~engine.deliver.rates.read_ahead`), and
+            the files (Arrow paths) the read took every row of.
     """
 
     after: datetime
@@ -121,14 +123,14 @@ class ReadAhead:
     batch: int
     commands_version: int
     results_version: int
-    job: Future[tuple[pa.Table, frozenset[str]]]
+    job: Future[tuple[dict[str, Backlog], frozenset[str]]]
 
 
 def read_rows(
     parts: Iterable[Part], schema: pa.Schema, store: Store, rows: ds.Expression
-) -> tuple[pa.Table, frozenset[str]]:
-    """The rows of ``parts`` that ``rows`` selects, and the files all of whose rows it
-    selected (by their Arrow paths).
+) -> tuple[dict[str, Backlog], frozenset[str]]:
+    """The rows of ``parts`` that ``rows`` selects, as a backlog per topic, and the files all
+    of whose rows it selected (by their Arrow paths).
 
     Example:
         >>> read_rows([], schema, store, ds.field("topic") == "t")  # doctest: +SKIP
@@ -141,7 +143,7 @@ def read_rows(
             whole.add(part.path)
         tables.append(found)
     table = pa.concat_tables(tables) if tables else schema.empty_table()
-    return table, frozenset(whole)
+    return read_ahead(table), frozenset(whole)
 
 
 def mass_due(

@@ -127,7 +127,8 @@ class Window:
             band = (deliver > pa.scalar(start_us, pa.int64()).cast(TS)) & (
                 deliver <= pa.scalar(end_us, pa.int64()).cast(TS)
             )
-            due = due & ~(lowered_topic().isin(list(topics)) & band & (batch <= read_upto))
+            read = lowered_topic().isin(list(topics)) & band & batch.is_valid()
+            due = due & ~(read & (batch <= read_upto))
         low, high = self.batches or (None, None)
         if low is not None:
             due = due & (batch > low)

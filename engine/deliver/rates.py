@@ -102,8 +102,6 @@ class Backlog:
         cursor: that round's cursor for the topic.
         checked: the cancel and reschedule marks (``msg_id + "\x00" + revision``) already
             taken out of ``order``.
-        fresh: rows read for this round ahead of it (:func:`read_ahead`), not left waiting
-            by an earlier one: the round counts them as rows it read.
     """
 
     rows: pa.Table
@@ -111,7 +109,6 @@ class Backlog:
     round: int = -1
     cursor: Key | None = None
     checked: frozenset[str] = frozenset()
-    fresh: bool = False
 
     @property
     def size(self) -> int:
@@ -222,15 +219,14 @@ def _ordered(
     if kept is None or kept.size == 0:
         return keyed, order, 0
     start = kept.rows.num_rows
-    new_from = 0 if kept.fresh else start
     if len(mine) == 0:
-        return kept.rows, kept.order, new_from
+        return kept.rows, kept.order, start
     if _key(keyed, order[0].as_py()) > kept.last_key():  # (the usual case: due since)
         both = pa.concat_tables([kept.rows, keyed.cast(kept.rows.schema)])
-        return both, pa.concat_arrays([kept.order, pc.add(order, start)]), new_from
+        return both, pa.concat_arrays([kept.order, pc.add(order, start)]), start
     waiting = kept.rows.take(kept.order)  # (a row stamped late among them: sorted again)
     both = pa.concat_tables([waiting, keyed.take(mine).cast(waiting.schema)])
-    return both, _sorted(both.select(list(_KEYS))), 0 if kept.fresh else waiting.num_rows
+    return both, _sorted(both.select(list(_KEYS))), waiting.num_rows
 
 
 def cap_rows(
@@ -324,7 +320,8 @@ def cap_rows(
 
 def read_ahead(rows: pa.Table) -> dict[str, Backlog]:
     """Rows of capped topics due at one instant, read before it, as a backlog per topic
-    (in key order, ``fresh``) for the round that reaches the instant.
+    (in key order) for the round that reaches the instant. They were stamped by the last
+    round's batch, so the round does not count them as new, as it would not a backlog.
 
     Example:
         >>> import pyarrow as pa
@@ -339,7 +336,7 @@ def read_ahead(rows: pa.Table) -> dict[str, Backlog]:
     out: dict[str, Backlog] = {}
     for topic in sorted(t for t in lowered.unique().to_pylist() if t):
         keyed = _keyed(rows.filter(pc.equal(lowered, topic)))
-        out[topic] = Backlog(keyed, _sorted(keyed.select(list(_KEYS))), fresh=True)
+        out[topic] = Backlog(keyed, _sorted(keyed.select(list(_KEYS))))
     return out
 
 

@@ -115,7 +115,6 @@ from engine.deliver.rates import (
     cap_rows,
     cursors,
     lowered_topic,
-    read_ahead,
 )
 from engine.deliver.sinks import DeltaTopicSink, SinkFactory, Sinks, SinkSet
 from engine.deliver.tasks import (
@@ -564,14 +563,13 @@ class Delivery:
             return replace(plan, watermark=ra.after), None
         self._read = None
         try:
-            rows, whole = job.result(
+            fresh, whole = job.result(
                 timeout=max(0.0, (ra.until - self.clock.now()).total_seconds())
             )
         except Exception as err:  # (not read in time, or failed: the rows go the usual way)
             job.cancel()
             log.warning("capped topics' rows read ahead not used (%s)", err or type(err).__name__)
             return plan, None
-        fresh = read_ahead(rows)
         if not fresh or set(fresh) & set(cursors(prev.rates)):
             return plan, None  # (a topic held since: its rows are read above its cursor)
         return plan, (ra, fresh, whole)

@@ -442,11 +442,18 @@ def _catch_up(value: object) -> str:
     return str(value)
 
 
+#: The longest catch-up window (a year).
+MAX_CATCH_UP_WINDOW_MS = 366 * 86_400_000
+
+
 def _window(value: object) -> int:
     try:
-        return parse_duration_ms(str(value), "catch_up_window")
+        ms = parse_duration_ms(str(value), "catch_up_window")
     except ConfigError:
         raise ScheduleError("catch_up_window", value, "expected a duration such as 1d") from None
+    if ms > MAX_CATCH_UP_WINDOW_MS:
+        raise ScheduleError("catch_up_window", value, "must be at most 366d")
+    return ms
 
 
 def _append(table: ArrowDelta, schedules: RecurringSchedule | list[RecurringSchedule]) -> None:

@@ -38,7 +38,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
-from engine.core.errors import ConfigError, InvalidMessageError, ScheduleError
+from engine.core.errors import CheckpointError, ConfigError, InvalidMessageError, ScheduleError
 from engine.lakehouse.delta.arrow_delta import ArrowDelta, create_table
 from engine.lakehouse.delta.delta_log import Txn
 from engine.lakehouse.state.lease import unfenced
@@ -115,6 +115,10 @@ def decide(
         except (ScheduleError, InvalidMessageError, ConfigError) as err:
             outcomes.append({**outcome, "result": "refused", "revision": None, "detail": str(err)})
             continue
+        except Exception as err:  # (a value no check foresaw: refused all the same)
+            why = f"{type(err).__name__}: {err}"
+            outcomes.append({**outcome, "result": "refused", "revision": None, "detail": why})
+            continue
         known[schedule.name] = schedule
         made.append(schedule)
         outcomes.append({**outcome, "result": "applied", "revision": schedule.revision,
@@ -189,7 +193,12 @@ class ScheduleRequests:
         if made:
             recurring = recurring_table(self.cfg)
             recorded = recurring.txn_version(REQUESTS_APP)
-            if recorded is None or recorded < version:
+            if (recorded is None or recorded < version) and self._stale(made):
+                # Decided before a restart, not appended, and the schedules changed since
+                # (their revisions would collide): decided again, the decision replaced.
+                outcomes = self._decide(version, again=True)
+                made = [o for o in outcomes if o["result"] == "applied"]
+            if made and (recorded is None or recorded < version):
                 path = f"{self.revisions}/{made[0]['file']}"
                 rows = pq.read_table(
                     self.log.store.arrow_path(path), filesystem=self.log.store.filesystem
@@ -207,21 +216,40 @@ class ScheduleRequests:
                 )
         return len(outcomes)
 
-    def _decide(self, version: int) -> list[dict[str, Any]]:
-        """Decide a version's requests and write the decision (put-if-absent)."""
+    def _stale(self, made: list[dict[str, Any]]) -> bool:
+        """Whether a schedule a decision changes has a revision it did not see."""
+        current = read_schedules(recurring_table(self.cfg))
+        return any(
+            o["name"] in current and current[o["name"]].revision >= int(o["revision"]) for o in made
+        )
+
+    def _decide(self, version: int, again: bool = False) -> list[dict[str, Any]]:
+        """Decide a version's requests and write the decision (put-if-absent; ``again``:
+        replacing one that was never appended)."""
         source = CommitlogSource(self.layout.schedule_requests)
-        rows = source.read(source.files(version)).to_pylist()
         now = self.clock.now()
-        outcomes, made = decide(self.cfg, read_schedules(recurring_table(self.cfg)), rows, now)
+        try:
+            rows = source.read(source.files(version)).to_pylist()
+        except (CheckpointError, FileNotFoundError) as err:  # (not an append, or gone)
+            ignored = {
+                "row": None, "name": None, "action": None, "decided_ts": now.isoformat(),
+                "result": "ignored", "revision": None, "detail": str(err), "version": version,
+                "file": None, "status": "decided",
+            }  # fmt: skip
+            rows, outcomes = [], [ignored]
+        else:
+            outcomes = []
+        decided, made = decide(self.cfg, read_schedules(recurring_table(self.cfg)), rows, now)
+        outcomes += decided
         name = f"{version:020d}-{uuid.uuid4().hex[:12]}.parquet"
-        for o in outcomes:
+        for o in decided:
             o["version"], o["file"], o["status"] = version, name if made else None, "decided"
         if made:
             schema = recurring_table(self.cfg).schema()
             self.log.store.write_parquet(f"{self.revisions}/{name}", revision_rows(made, schema))
         self.fence()
         try:
-            self.log.write(version, outcomes, planned=True, exclusive=True)
+            self.log.write(version, outcomes, planned=True, exclusive=not again)
         except FileExistsError:
             return self.log.read(version, planned=True)  # (decided before: that decision)
         return outcomes

@@ -250,6 +250,10 @@ def _local(naive: datetime, zone: ZoneInfo) -> datetime:
     return naive.replace(tzinfo=zone, fold=0)
 
 
+#: The longest jitter (a day): an occurrence's message is due at most this much after it.
+MAX_JITTER_MS = 86_400_000
+
+
 def _jitter(value: str | int | None) -> int:
     if value is None or value == 0:
         return 0
@@ -258,8 +262,12 @@ def _jitter(value: str | int | None) -> int:
     if isinstance(value, int):
         if value < 0:
             raise ScheduleError("jitter", value, "must not be negative")
-        return value
-    try:
-        return parse_duration_ms(value, "jitter")
-    except ConfigError:
-        raise ScheduleError("jitter", value, "expected a duration such as 30s") from None
+        ms = value
+    else:
+        try:
+            ms = parse_duration_ms(value, "jitter")
+        except ConfigError:
+            raise ScheduleError("jitter", value, "expected a duration such as 30s") from None
+    if ms > MAX_JITTER_MS:
+        raise ScheduleError("jitter", value, "must be at most 1d")
+    return ms

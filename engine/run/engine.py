@@ -176,6 +176,7 @@ class Engine:
             cfg, self.clock, fence=self.lease.check, applied=self.catalog.after_requests
         )
         self._recurring: Upkeep | None = None  # fires recurring schedules while started
+        self._requests_error = ""  # why schedule requests could not be applied, last said
         self._row_counts = RowCounts()  # status(): each table's log followed from call to call
         self._listeners: list[RoundListener] = []
         self._loop: threading.Thread | None = None
@@ -305,8 +306,18 @@ class Engine:
         return self._deliver()
 
     def _schedules(self) -> None:
-        """Apply the schedule changes asked for in SQL, then fire recurring schedules."""
-        self.requests.apply()
+        """Apply the schedule changes asked for in SQL, then fire recurring schedules (also
+        when the requests cannot be applied now: they wait, firing does not)."""
+        try:
+            self.requests.apply()
+            self._requests_error = ""
+        except FencedError:
+            raise
+        except Exception as err:
+            said = f"{type(err).__name__}: {err}"
+            if said != self._requests_error:  # (once until it changes: it is retried each second)
+                log.warning("schedule requests not applied now (%s)", said)
+            self._requests_error = said
         self.recurring.run()
 
     def _send_recurring(self, rows: pa.Table, txn: Txn) -> None:

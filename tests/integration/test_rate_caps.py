@@ -179,7 +179,7 @@ def test_a_capped_mass_read_ahead_is_taken_without_reading_its_files_again(
     engine = quiet_engine(spark, cfg, clock)
     engine.step()  # stamps them; the round after looks ahead: 40 due in 10 s, more than 10
     read = engine.delivery._read
-    assert read is not None and read.job.result()[0].num_rows == 40
+    assert read is not None and read.job.result()[0]["orders"].size == 40
     clock.set(instant + timedelta(milliseconds=500))
     at = engine.step()
     assert (at.delivered, at.files_read) == (6, 0), "taken from what was read ahead"
