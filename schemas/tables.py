@@ -243,9 +243,17 @@ DELAY_OFFSET = StructType(
         ("rescheduled_total", LongType()),
         ("commands_version", LongType()),
         # JSON: a plan's rate caps ({"caps": {topic: msg/s}}), or the capped topics'
-        # state after a committed round ({topic: {tat_ns, cursor, waiting, rate}})
+        # state after a committed round (RATES_STATE)
         ("rates", StringType()),
     )
+)
+
+#: The capped topics' state in a committed ``DELAY_OFFSET`` row's ``rates`` (JSON), as Spark
+#: SQL reads it (``from_json``): per topic table, when its cap lets the next row go, the key
+#: of the last row delivered while rows wait (null: none waits), how many wait, the cap.
+RATES_STATE = (
+    "MAP<STRING, STRUCT<tat_ns: BIGINT, cursor_us: BIGINT, cursor_id: STRING, "
+    "cursor_rev: BIGINT, waiting: BIGINT, rate: DOUBLE>>"
 )
 
 

@@ -50,11 +50,6 @@ TOP_ID = "\U0010ffff"
 TOP_REVISION = 2**62
 #: Every topic without a cap of its own.
 DEFAULT = "*"
-#: The committed state's JSON as Spark SQL reads it (``from_json``).
-STATE_SQL_TYPE = (
-    "MAP<STRING, STRUCT<tat_ns: BIGINT, cursor_us: BIGINT, cursor_id: STRING, "
-    "cursor_rev: BIGINT, waiting: BIGINT, rate: DOUBLE>>"
-)
 
 Key = tuple[int, str, int]
 
@@ -382,7 +377,7 @@ def lowered_topic() -> ds.Expression:
 def state_json(state: Mapping[str, TopicRate]) -> str | None:
     """The state as the checkpoint stores it (``None`` when empty).
 
-    The cursor is three fields, as SQL reads them (:data:`STATE_SQL_TYPE`).
+    The cursor is three fields, as SQL reads them (``schemas.RATES_STATE``).
 
     Example:
         >>> state_json({"t": TopicRate(5, (1, "a", 0), 2, 1.0)})  # doctest: +NORMALIZE_WHITESPACE
@@ -424,7 +419,6 @@ def state_of(text: object) -> dict[str, TopicRate]:
 
 __all__ = [
     "BURST_S",
-    "STATE_SQL_TYPE",
     "Capped",
     "TopicRate",
     "above",

@@ -39,6 +39,7 @@ from pyspark.sql.pandas.types import to_arrow_schema
 from engine.core.clock import Clock, SystemClock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError, ConfigError, InvalidMessageError, ScheduleError
+from engine.lakehouse.delta.appends import CommitlogSource
 from engine.lakehouse.delta.arrow_delta import ArrowDelta, create_table
 from engine.lakehouse.delta.delta_log import Txn
 from engine.lakehouse.state.lease import unfenced
@@ -51,7 +52,6 @@ from engine.recur.defs import (
     revise,
     revision_rows,
 )
-from engine.stamp.source import CommitlogSource
 from schemas import SCHEDULE_REQUESTS
 
 log = logging.getLogger(__name__)

@@ -3,11 +3,11 @@
 
 The query reads ``commitlog`` through a Python streaming source of its own
 (:class:`CommitlogStream`, format ``delayq_commitlog``): an offset is a
-:class:`~engine.stamp.source.Position` (a ``commitlog`` version and the index of the next data
-file it added), planned on the driver from the Delta log exactly as the driver path plans its
-batches (``stamp.max_files_per_batch``, ``stamp.max_bytes_per_batch``), and written to
-Spark's offsets log before the batch runs. The source's rows are the batch's data files (a
-partition per group of about equal bytes), which Spark tasks read, stamp and write.
+:class:`~engine.lakehouse.delta.appends.Position` (a ``commitlog`` version and the index of
+the next data file it added), planned on the driver from the Delta log exactly as the driver
+path plans its batches (``stamp.max_files_per_batch``, ``stamp.max_bytes_per_batch``), and
+written to Spark's offsets log before the batch runs. The source's rows are the batch's data
+files (a partition per group of about equal bytes), which Spark tasks read, stamp and write.
 
 Its ``foreachBatch`` stamps the batch and appends it to ``schedule`` and ``quarantine``
 (:class:`~engine.stamp.writer.StampWriter`): each commit records the stamping batch as the
@@ -57,12 +57,12 @@ from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
 from engine.core.groups import balanced
 from engine.lakehouse.catalog.session import QuietStreamReader, carrying_s3, link_checkpoints
+from engine.lakehouse.delta.appends import Added, CommitlogSource, Position
 from engine.lakehouse.state.lease import unfenced
 from engine.lakehouse.state.offset_log import OffsetLog
 from engine.lakehouse.storage.fs import put_if_absent, read_text, spark_next_batch, spark_offset
 from engine.lakehouse.storage.layout import Layout
 from engine.lakehouse.storage.location import arrive
-from engine.stamp.source import Added, CommitlogSource, Position
 from engine.stamp.stamper import KEEP_PLANS, BatchResult, Stamper, StampPlan, StampStats
 from engine.stamp.stamper import QUERY_CHECKPOINT as CHECKPOINT
 from engine.stamp.stamper import QUERY_START_FILE as START_FILE

@@ -2,8 +2,8 @@
 
 A batch is planned before it is written, as Spark's streaming offset log does: the plan
 (``<lakehouse>/_checkpoints/stamp/batches/<batch>.json``) names the batch id and the
-``commitlog`` positions it covers (:class:`~engine.stamp.source.Position`). The writes are
-idempotent per batch id (:class:`~engine.stamp.writer.StampWriter`), so after a crash the
+``commitlog`` positions it covers (:class:`~engine.lakehouse.delta.appends.Position`). The
+writes are idempotent per batch id (:class:`~engine.stamp.writer.StampWriter`), so after a crash the
 newest plan is run again, over the same files, and stores nothing twice; the next batch
 starts where it ended.
 
@@ -35,11 +35,11 @@ from pyspark.sql import SparkSession
 from engine.core.clock import Clock
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError, RetryableError
+from engine.lakehouse.delta.appends import CommitlogSource, Position
 from engine.lakehouse.state.lease import unfenced
 from engine.lakehouse.state.offset_log import OffsetLog
 from engine.lakehouse.storage.fs import list_files, read_text
 from engine.lakehouse.storage.layout import Layout
-from engine.stamp.source import CommitlogSource, Position
 from engine.stamp.writer import StampWriter, highest_batch
 
 log = logging.getLogger(__name__)

@@ -42,11 +42,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from pyspark.sql import DataFrame
 
+from engine.lakehouse.delta.appends import read_file
 from engine.lakehouse.delta.log_append import FileLayout, write_files
 from engine.lakehouse.state.lease import unfenced
 from engine.lakehouse.storage.location import arrive, carried
 from engine.stamp.dedup import FIRST
-from engine.stamp.source import read_file
 from engine.stamp.transform import split, stamped
 from engine.stamp.writer import ID_HASH, ElsewhereBatch, StampWriter, with_reasons
 

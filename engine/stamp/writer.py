@@ -1,7 +1,7 @@
 """Stamp a batch of ``commitlog`` rows and append them to ``schedule`` / ``quarantine``.
 
 On the driver (a small batch, or the driver path) there is no Spark job: the rows come as
-Arrow (:mod:`engine.stamp.source`), are checked and stamped with pyarrow
+Arrow (:mod:`engine.lakehouse.delta.appends`), are checked and stamped with pyarrow
 (:mod:`engine.stamp.transform`), and the valid rows, sorted by queue and deliver time, go to
 ``schedule`` and the refused ones to ``quarantine``, each in one commit
 (:mod:`engine.lakehouse.delta.arrow_delta`), about 20 ms where a Spark Delta write takes about a

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import Counter
-from datetime import timedelta
+from datetime import datetime, timedelta
 
 import pytest
 from pyspark.sql import SparkSession
@@ -166,9 +166,11 @@ def test_maintenance_never_prunes_rows_waiting_for_a_cap(
     assert_exactly_once_never_early(delivered_rows(spark, cfg), early + ids)
 
 
-def test_a_capped_mass_read_ahead_is_taken_without_reading_its_files_again(
+def _mass(
     spark: SparkSession, make_cfg: object, clock: FakeClock
-) -> None:
+) -> tuple[EngineConfig, datetime, list[str]]:
+    """40 messages due at one instant 10 s from now into a topic capped at 10 a second, on
+    an engine that reads a mass of more than 10 rows ahead."""
     cfg: EngineConfig = make_cfg(  # type: ignore[operator]
         topic_rates={"orders": 10.0}, deliver_driver_rows=10
     )
@@ -176,6 +178,13 @@ def test_a_capped_mass_read_ahead_is_taken_without_reading_its_files_again(
     ids = send_many(
         spark, cfg, [Message("orders", f"{i}", deliver_at=instant) for i in range(40)], clock
     )
+    return cfg, instant, ids
+
+
+def test_a_capped_mass_read_ahead_is_taken_without_reading_its_files_again(
+    spark: SparkSession, make_cfg: object, clock: FakeClock
+) -> None:
+    cfg, instant, ids = _mass(spark, make_cfg, clock)
     engine = quiet_engine(spark, cfg, clock)
     engine.step()  # stamps them; the round after looks ahead: 40 due in 10 s, more than 10
     read = engine.delivery._read
@@ -195,13 +204,7 @@ def test_a_capped_mass_read_ahead_is_taken_without_reading_its_files_again(
 def test_a_round_taking_rows_read_ahead_killed_after_its_writes_is_replayed_from_storage(
     spark: SparkSession, make_cfg: object, clock: FakeClock
 ) -> None:
-    cfg: EngineConfig = make_cfg(  # type: ignore[operator]
-        topic_rates={"orders": 10.0}, deliver_driver_rows=10
-    )
-    instant = clock.now().replace(microsecond=0) + timedelta(seconds=10)
-    ids = send_many(
-        spark, cfg, [Message("orders", f"{i}", deliver_at=instant) for i in range(40)], clock
-    )
+    cfg, instant, ids = _mass(spark, make_cfg, clock)
     crashing = quiet_engine(spark, cfg, clock, sinks=crash_after_writes())
     crashing.step()
     assert crashing.delivery._read is not None

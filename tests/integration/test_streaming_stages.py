@@ -29,6 +29,7 @@ from engine.lakehouse.catalog.session import (
     LINK_CHECKPOINT_MANAGER,
     link_checkpoints,
 )
+from engine.lakehouse.delta.appends import CommitlogSource, Position
 from engine.lakehouse.delta.arrow_delta import ArrowDelta
 from engine.lakehouse.delta.tables import ensure_tables
 from engine.lakehouse.state.offset_log import OffsetLog
@@ -37,7 +38,6 @@ from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import DELIVER_QUERY, Engine
 from engine.stamp.query import FILES, QUERY_NAME, CommitlogReader, StampQuery, newest_plan
-from engine.stamp.source import CommitlogSource, Position
 from engine.stamp.stamper import Stamper
 from engine.stamp.tasks import stamp_on_executors
 from engine.stamp.writer import StampWriter, highest_batch

@@ -14,8 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from engine.core.message import DUPLICATE
-from engine.deliver.rates import STATE_SQL_TYPE
-from schemas import DELAY_OFFSET, SCHEDULE
+from schemas import DELAY_OFFSET, RATES_STATE, SCHEDULE
 
 
 def delay_offset_query(path: str) -> str:
@@ -48,7 +47,7 @@ def checkpoint_views(database: str) -> dict[str, str]:
     held = (
         f"SELECT w.key AS topic, w.value.cursor_us AS us, w.value.cursor_id AS id, "
         f"w.value.cursor_rev AS rev FROM ({latest}) l "
-        f"LATERAL VIEW explode(from_json(l.rates, '{STATE_SQL_TYPE}')) w AS key, value "
+        f"LATERAL VIEW explode(from_json(l.rates, '{RATES_STATE}')) w AS key, value "
         "WHERE w.value.cursor_us IS NOT NULL"
     )
     # Columns by name, not s.*: a view keeps the columns it was made with, and the text

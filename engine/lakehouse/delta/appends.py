@@ -1,4 +1,7 @@
-"""``commitlog`` as a source: the files each new version adds, read as Arrow without Spark.
+"""An append-only table as a source: the files each new version adds, read as Arrow without
+Spark. ``commitlog`` is read so by stamping, ``schedule_requests`` by the engine's
+:mod:`~engine.recur.requests` (the same rules; there, a version stamping would stop at is
+ignored, with an outcome that says so).
 
 Stamping follows ``commitlog``'s Delta log as Spark's Delta streaming source does, from the
 driver: a :class:`Position` is a version and the index of the next data file that version
