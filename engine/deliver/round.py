@@ -452,7 +452,6 @@ class Delivery:
         if (
             sinks is None
             or self.pending is not None
-            or self.cfg.rates()
             or self.progress.rates
             or self._open_commands
             or self._commands.latest() > self.progress.commands_version  # (one to decide)

@@ -1,5 +1,6 @@
-"""A topic with a delivery rate cap, its engine (the streaming queries) killed with SIGKILL
-while rows wait for the cap: each message once, never early, never faster than the cap."""
+"""A topic with a delivery rate cap, its engine process killed with SIGKILL while rows wait
+for the cap: each message once, never early, never faster than the cap. (On driver threads,
+as the suite's engine processes run; the docs test runs a cap on the default queries.)"""
 
 from __future__ import annotations
 
@@ -36,7 +37,7 @@ def test_rows_waiting_for_a_cap_survive_a_kill_and_go_once_at_the_cap(
     ids = send_many(spark, cfg, [Message("capped", f"c{i}", delay_level=1) for i in range(300)])
     ids += send_many(spark, cfg, [Message("free", f"f{i}", delay_level=1) for i in range(10)])
     settings = [
-        *engine_args(cfg, "--show", "0", queries=True),
+        *engine_args(cfg, "--show", "0"),
         "--set", f"topics.capped.max_rate={RATE}/s",
     ]  # fmt: skip
     killing = [sys.executable, "-m", "tests.support.killing_engine", "round-committed", "4"]
