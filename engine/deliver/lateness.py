@@ -11,8 +11,8 @@ Example:
     >>> noon = datetime(2026, 1, 1, 12, tzinfo=UTC)
     >>> due = pa.array([noon + timedelta(milliseconds=900)], pa.timestamp("us", "UTC"))
     >>> late = Lateness.of(due, noon + timedelta(seconds=1))
-    >>> late.n, late.counts[:3], round(late.total_s, 3)
-    (1, (0, 1, 0), 0.1)
+    >>> late.n, late.counts[:3], round(late.total_s, 3), round(late.max_s, 3)
+    (1, (0, 1, 0), 0.1, 0.1)
 """
 
 from __future__ import annotations
@@ -39,11 +39,13 @@ class Lateness:
             cumulative).
         total_s: the rows' lateness summed, in seconds.
         n: the rows.
+        max_s: the latest row's lateness, in seconds.
     """
 
     counts: tuple[int, ...] = (0,) * (len(LATENESS_BOUNDS) + 1)
     total_s: float = 0.0
     n: int = 0
+    max_s: float = 0.0
 
     @classmethod
     def of(cls, deliver_ts: pa.Array | pa.ChunkedArray, delivered: datetime) -> Lateness:
@@ -60,14 +62,38 @@ class Lateness:
         late_s = np.maximum(to_micros(delivered) - due_us, 0) / 1e6
         buckets = np.searchsorted(np.asarray(LATENESS_BOUNDS), late_s, side="left")
         counts = np.bincount(buckets, minlength=len(LATENESS_BOUNDS) + 1)
-        return cls(tuple(int(c) for c in counts), float(late_s.sum()), len(late_s))
+        return cls(
+            tuple(int(c) for c in counts), float(late_s.sum()), len(late_s), float(late_s.max())
+        )
 
     def __add__(self, other: Lateness) -> Lateness:
         return Lateness(
             tuple(a + b for a, b in zip(self.counts, other.counts, strict=True)),
             self.total_s + other.total_s,
             self.n + other.n,
+            max(self.max_s, other.max_s),
         )
+
+    def quantile(self, q: float) -> float:
+        """The lateness (seconds) ``q`` of the rows were delivered within, estimated from the
+        buckets as Prometheus' ``histogram_quantile`` does (linearly within the bucket it
+        falls in) and never above :attr:`max_s`; 0 without rows.
+
+        Example:
+            >>> Lateness((0, 0, 10) + (0,) * (len(LATENESS_BOUNDS) - 2), 1.5, 10, 0.2).quantile(0.5)
+            0.175
+        """
+        if self.n == 0:
+            return 0.0
+        rank = q * self.n
+        below = 0
+        for i, count in enumerate(self.counts):
+            if count and below + count >= rank:
+                low = LATENESS_BOUNDS[i - 1] if i > 0 else 0.0
+                high = LATENESS_BOUNDS[i] if i < len(LATENESS_BOUNDS) else self.max_s
+                return min(low + (high - low) * (rank - below) / count, self.max_s)
+            below += count
+        return self.max_s
 
     def cumulative(self) -> list[tuple[str, int]]:
         """``(le, rows at or below it)`` per bound and ``+Inf``, as Prometheus lists them.

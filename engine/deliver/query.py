@@ -16,6 +16,14 @@ The round is the driver path's (the rows are read and written as Arrow on the dr
 query is where Spark's scheduling and progress reporting come in. It triggers every
 ``delivery.poll_interval``; the checkpoint is ``<lakehouse>/_checkpoints/deliver-query``.
 
+Each batch's progress (``query.lastProgress``, a ``StreamingQueryListener``'s
+``onQueryProgress``) carries the round's figures as the observed metrics named ``delayq``:
+``delivered_rows`` and ``lateness_avg_ms`` / ``lateness_p99_ms`` / ``lateness_max_ms``
+(``delivered_ts - deliver_ts``; the p99 estimated from the lateness buckets, the rest exact).
+Spark computes them where it computes any observed metric, over the batch's one row, which
+the source reads after the round (the figures reach it as a job property): the batch's
+``numInputRows`` is that one row, its watermark.
+
 Example:
     >>> deliver = DeliverQuery(spark, cfg, lay, run_round, start_at)  # doctest: +SKIP
     >>> deliver.start().name  # doctest: +SKIP
@@ -25,6 +33,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import os
 import shutil
@@ -32,10 +41,12 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, ClassVar
 
 from pyspark.sql import DataFrame, SparkSession
+from pyspark.sql import functions as F
 from pyspark.sql.datasource import DataSource, DataSourceStreamReader, InputPartition
 from pyspark.sql.streaming.datasource import ReadLimit
 from pyspark.sql.streaming.query import StreamingQuery
@@ -43,6 +54,7 @@ from pyspark.sql.streaming.query import StreamingQuery
 from engine.core.clock import from_millis, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError
+from engine.deliver.lateness import Lateness
 from engine.deliver.quiet import Quiet, load_quiet, next_offset, save_quiet
 from engine.lakehouse.catalog.session import QuietStreamReader, carrying_s3, link_checkpoints
 from engine.lakehouse.delta.delta_log import commit_exists
@@ -56,6 +68,58 @@ log = logging.getLogger(__name__)
 QUERY_NAME = "delayq-deliver"
 SOURCE_FORMAT = "delayq_clock"
 CHECKPOINT = "deliver-query"
+#: The name of the observed metrics each batch's progress carries.
+METRICS = "delayq"
+#: The Spark job property that hands a batch's figures to its source's read.
+FIGURES_PROPERTY = "delayq.deliver.figures"
+#: The observed metrics, in the order the source's row holds them after its watermark.
+FIGURES = ("delivered_rows", "lateness_avg_ms", "lateness_p99_ms", "lateness_max_ms")
+
+
+@dataclass(frozen=True)
+class Delivered:
+    """What a delivery batch's round did: its record for holding the clock (``None``: no
+    hold) and the lateness of the rows it delivered."""
+
+    quiet: Quiet | None
+    lateness: Lateness = field(default_factory=Lateness)
+
+
+def figures(lateness: Lateness) -> dict[str, float]:
+    """A round's figures as a batch's observed metrics report them (:data:`FIGURES`).
+
+    Example:
+        >>> figures(Lateness((0, 0, 4) + (0,) * 10, 0.6, 4, 0.2))["lateness_max_ms"]
+        200.0
+    """
+    n = lateness.n
+    return {
+        "delivered_rows": n,
+        "lateness_avg_ms": round(lateness.total_s / n * 1000, 3) if n else 0.0,
+        "lateness_p99_ms": round(lateness.quantile(0.99) * 1000, 3),
+        "lateness_max_ms": round(lateness.max_s * 1000, 3),
+    }
+
+
+def batch_figures(progress: Any) -> dict[str, float] | None:
+    """The ``delayq`` figures a delivery batch's progress carries (``None``: none, as for
+    a batch Spark ran before the engine reported them).
+
+    Example:
+        >>> batch_figures(engine.deliver_query.query.lastProgress)  # doctest: +SKIP
+        {'delivered_rows': 1000, 'lateness_avg_ms': 61.2, 'lateness_p99_ms': 142.0, ...}
+    """
+    observed = getattr(progress, "observedMetrics", None) or {}
+    row = observed.get(METRICS)
+    if row is None:
+        return None
+    values = row.asDict()
+    return {name: float(values[name] or 0) for name in FIGURES if name in values}
+
+
+def _observed() -> list[Any]:
+    """The batch's observed metrics over its row: the rows summed, the lateness its own."""
+    return [F.sum(FIGURES[0]).alias(FIGURES[0])] + [F.max(n).alias(n) for n in FIGURES[1:]]
 
 
 class ClockStream(DataSource):
@@ -77,7 +141,9 @@ class ClockStream(DataSource):
         return SOURCE_FORMAT
 
     def schema(self) -> str:
-        return "watermark_ms long"
+        return "watermark_ms long, delivered_rows long, " + ", ".join(
+            f"{name} double" for name in FIGURES[1:]
+        )
 
     def streamReader(self, schema: object) -> DataSourceStreamReader:
         return ClockReader(dict(self.options), self.s3)
@@ -96,7 +162,7 @@ def clock_stream(schedule: str) -> type[ClockStream]:
 
 class ClockReader(QuietStreamReader):
     """Plans each batch's watermark from the clock (see :class:`ClockStream`); a batch holds
-    one row, its watermark."""
+    one row, its watermark and the figures of the round it ran (:data:`FIGURES`)."""
 
     def __init__(self, options: dict[str, str], s3: dict[str, Any] | None = None) -> None:
         self.start_ms = int(options["start"])
@@ -141,8 +207,14 @@ class ClockReader(QuietStreamReader):
     def partitions(self, start: dict[str, int], end: dict[str, int]) -> Sequence[InputPartition]:
         return [InputPartition(int(end["ms"]))]
 
-    def read(self, partition: InputPartition) -> Iterator[tuple[int]]:
-        yield (int(partition.value),)
+    def read(self, partition: InputPartition) -> Iterator[tuple[Any, ...]]:
+        from pyspark import TaskContext  # (the executor's: the job's properties)
+
+        context = TaskContext.get()
+        said = context.getLocalProperty(FIGURES_PROPERTY) if context is not None else None
+        found = json.loads(said) if said else {}
+        yield (int(partition.value), int(found.get(FIGURES[0], 0)),
+               *(float(found.get(name, 0.0)) for name in FIGURES[1:]))  # fmt: skip
 
     def commit(self, end: dict[str, int]) -> None:
         return None
@@ -172,8 +244,8 @@ class DeliverQuery:
         cfg: the poll interval and the lead.
         layout: the lakehouse (the query's checkpoint).
         deliver: runs one round capped at the watermark it is given (the engine's, which
-            also names new tables and tells listeners), and returns what the round found
-            (:meth:`~engine.deliver.round.Delivery.quiet`; ``None``: no hold).
+            also names new tables and tells listeners), and returns what the round did
+            (:class:`Delivered`).
         start_at: the watermark the query starts from the first time (the committed
             progress); later starts go on from Spark's checkpoint.
     """
@@ -183,7 +255,7 @@ class DeliverQuery:
         spark: SparkSession,
         cfg: EngineConfig,
         layout: Layout,
-        deliver: Callable[[datetime], Quiet | None],
+        deliver: Callable[[datetime], Delivered],
         start_at: Callable[[], datetime],
     ) -> None:
         self.spark = spark
@@ -200,14 +272,28 @@ class DeliverQuery:
 
     def _run(self, frame: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: one delivery round capped at the batch's watermark, then the
-        record the clock source holds the next offset by."""
+        record the clock source holds the next offset by, and the round's figures."""
         self._record(None)  # (a round that fails leaves none)
         try:
-            quiet = self.deliver(batch_watermark(self.checkpoint, batch_id))
+            done = self.deliver(batch_watermark(self.checkpoint, batch_id))
         except BaseException as err:
             self.error = err
             raise
-        self._record(quiet)
+        self._record(done.quiet)
+        self._report(frame, done.lateness)
+
+    def _report(self, frame: DataFrame, lateness: Lateness) -> None:
+        """Read the batch's row with the round's figures, which makes Spark compute the
+        batch's observed metrics (best effort: the round is committed)."""
+        context = self.spark.sparkContext
+        try:
+            context.setLocalProperty(FIGURES_PROPERTY, json.dumps(figures(lateness)))
+            frame.collect()
+        except Exception:
+            log.warning("could not report the delivery batch's figures", exc_info=True)
+        finally:
+            with contextlib.suppress(Exception):
+                context.setLocalProperty(FIGURES_PROPERTY, None)  # type: ignore[arg-type]
 
     def _record(self, quiet: Quiet | None) -> None:
         """Leave ``quiet`` for the clock source (best effort: without a record it holds
@@ -251,6 +337,7 @@ class DeliverQuery:
                 .option("schedule", self.layout.schedule)
                 .option("commands", self.layout.commands)
                 .load()
+                .observe(METRICS, *_observed())
             )
             self.query = (
                 frame.writeStream.queryName(QUERY_NAME)
@@ -265,6 +352,25 @@ class DeliverQuery:
         """Why the query stopped, if it stopped with an error (the round's own exception when
         a round raised it), else ``None``."""
         return query_failure(self.query, self.error)
+
+    def figures(self) -> dict[str, float] | None:
+        """The figures of the newest batch in the query's recent progress that delivered
+        rows (``None``: none did, or the query is not running).
+
+        Example:
+            >>> deliver.figures()["lateness_p99_ms"]  # doctest: +SKIP
+            142.0
+        """
+        query = self.query
+        try:
+            recent = query.recentProgress if query is not None else []
+        except Exception:  # (the query ended meanwhile)
+            return None
+        for progress in reversed(recent):
+            found = batch_figures(progress)
+            if found and found.get(FIGURES[0]):
+                return found
+        return None
 
     def stop(self) -> None:
         """Stop the query; a round in progress is replayed from its plan at the next start."""

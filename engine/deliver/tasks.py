@@ -262,7 +262,7 @@ def _deliver_group(job: RoundJob, parts: list[Part]) -> dict[str, Any]:
         "summary": found.summary,
         "files": found.files,
         "rows": found.rows,
-        "lateness": [list(late.counts), late.total_s, late.n],
+        "lateness": [list(late.counts), late.total_s, late.n, late.max_s],
         "adds": adds,
         "counts": counts,
     }

@@ -49,8 +49,7 @@ from engine.core.errors import (
     one_line,
 )
 from engine.deliver.lateness import Lateness
-from engine.deliver.query import DeliverQuery
-from engine.deliver.quiet import Quiet
+from engine.deliver.query import Delivered, DeliverQuery
 from engine.deliver.repair import check_checkpoints, correct_deliver_timestamps
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import SinkFactory, Sinks
@@ -335,18 +334,19 @@ class Engine:
         """The watermark delivery has reached (a pending round's, if one waits)."""
         return (self.delivery.pending or self.delivery.progress).watermark
 
-    def _deliver_until(self, until: datetime) -> Quiet | None:
-        """One round of the delivery query's batch, capped at its watermark; what it found
-        (the query holds its watermark while nothing can be due)."""
+    def _deliver_until(self, until: datetime) -> Delivered:
+        """One round of the delivery query's batch, capped at its watermark: how late its
+        rows were, and what it found (the query holds its watermark while nothing can be
+        due)."""
         with self._round:
             if self._stopping.is_set():
-                return None
-            self._deliver(ahead=True, until=until)
+                return Delivered(None)
+            result = self._deliver(ahead=True, until=until)
             try:
-                return self.delivery.quiet(until)
+                return Delivered(self.delivery.quiet(until), result.lateness)
             except Exception:  # (an optimisation: without a record, the next trigger runs)
                 log.warning("could not tell when the next row falls due", exc_info=True)
-                return None
+                return Delivered(None, result.lateness)
 
     def _deliver(self, ahead: bool = False, until: datetime | None = None) -> RoundResult:
         result = self.delivery.run_round(self.delivery.lead_ms() if ahead else 0, until=until)
@@ -679,6 +679,10 @@ class Engine:
         line = self.status().line(self.cfg.levels.label)
         if self.stats.last_round_seconds:
             line += f" | last round {self.stats.last_round_seconds:.1f}s"
+        figures = self.deliver_query.figures() if self.cfg.delivery_mode == "streaming" else None
+        if figures:
+            line += (f" | {DELIVER_QUERY} batch: {int(figures['delivered_rows']):,} rows, "
+                     f"p99 {figures['lateness_p99_ms']:.0f} ms late")  # fmt: skip
         if self.stats.errors:
             line += f" | errors {self.stats.errors} (last: {self.stats.last_error})"
         return line

@@ -19,6 +19,10 @@ scrapes runs no query.
 | ``delayq_last_round_seconds`` | gauge | | the last round that delivered rows |
 | ``delayq_delivered_total`` | counter | ``topic`` | rows written to topic tables |
 | ``delayq_delivery_lateness_seconds`` | histogram | | ``delivered_ts - deliver_ts`` |
+| ``delayq_query_last_batch_seconds`` | gauge | ``query`` | a streaming query's last batch |
+| ``delayq_query_last_batch_id`` | gauge | ``query`` | its number |
+| ``delayq_delivery_batch_lateness_seconds`` | gauge | ``stat`` | newest batch with rows |
+| ``delayq_delivery_batch_rows`` | gauge | | rows it delivered |
 | ``delayq_pending`` | gauge | ``queue``, ``label`` | rows waiting per level (``timer``: times) |
 | ``delayq_watermark_timestamp_seconds`` | gauge | | rows due up to here are delivered |
 | ``delayq_next_due_timestamp_seconds`` | gauge | | earliest pending deliver time |
@@ -34,7 +38,10 @@ scrapes runs no query.
 
 Counters count since the process started, as Prometheus expects (``rate()`` handles the
 restart). Python code gets the same figures as they happen with
-:meth:`engine.run.engine.Engine.add_listener`.
+:meth:`engine.run.engine.Engine.add_listener`. The ``delayq_query_*`` and
+``delayq_delivery_batch_*`` figures are Spark's own progress of the two streaming queries,
+``delayq-stamp`` and ``delayq-deliver`` (the latter's observed metrics ``delayq``), as a
+``StreamingQueryListener`` hears it.
 
 Example:
     >>> server = MetricsServer(cfg, engine).start()  # doctest: +SKIP
@@ -114,6 +121,14 @@ def _ingest_lag(cfg: EngineConfig) -> dict[str, int]:
         return {}
 
 
+def _last_progress(query: Any) -> Any:
+    """A streaming query's last progress (``None``: no query, no batch yet, or it ended)."""
+    try:
+        return query.lastProgress if query is not None else None
+    except Exception:  # (the query ended meanwhile)
+        return None
+
+
 class EngineCollector(Collector):
     """Reads the engine's running totals when scraped (see the module's table).
 
@@ -126,6 +141,44 @@ class EngineCollector(Collector):
         self.engine = engine
         self.queried = Queried()
         self._on_scrape = on_scrape
+
+    def _query_progress(self) -> Iterator[Metric]:
+        """The streaming queries' last batches and the delivery batches' lateness, from
+        Spark's progress of each query."""
+        seconds = GaugeMetricFamily(
+            "delayq_query_last_batch_seconds",
+            "The streaming query's last batch, start to end (its progress' triggerExecution).",
+            labels=["query"],
+        )
+        batch = GaugeMetricFamily(
+            "delayq_query_last_batch_id", "The streaming query's last batch.", labels=["query"]
+        )
+        queries = (getattr(self.engine.stamper, "query", None), self.engine.deliver_query.query)
+        for query in queries:
+            progress = _last_progress(query)
+            if progress is None:
+                continue
+            name = str(progress.name)
+            seconds.add_metric([name], progress.durationMs.get("triggerExecution", 0) / 1000)
+            batch.add_metric([name], progress.batchId)
+        yield seconds
+        yield batch
+        figures = self.engine.deliver_query.figures()
+        if figures:
+            late = GaugeMetricFamily(
+                "delayq_delivery_batch_lateness_seconds",
+                "How late the newest delivery batch with rows delivered them (its progress' "
+                "observed metrics: avg, p99 from the buckets, max).",
+                labels=["stat"],
+            )
+            for stat in ("avg", "p99", "max"):
+                late.add_metric([stat], figures[f"lateness_{stat}_ms"] / 1000)
+            yield late
+            yield GaugeMetricFamily(
+                "delayq_delivery_batch_rows",
+                "Rows the newest delivery batch with rows delivered (its observed metrics).",
+                value=figures["delivered_rows"],
+            )
 
     def collect(self) -> Iterator[Metric]:
         """The metric families, from one read of the engine's totals."""
@@ -159,6 +212,7 @@ class EngineCollector(Collector):
         )
         histogram.add_metric([], late.cumulative(), sum_value=late.total_s)
         yield histogram
+        yield from self._query_progress()
         pending = GaugeMetricFamily(
             "delayq_pending",
             "Rows waiting for delivery, per queue (a level's number, or timer).",

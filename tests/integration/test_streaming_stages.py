@@ -20,7 +20,7 @@ from engine.core.clock import FakeClock, SystemClock, to_micros, to_millis
 from engine.core.config import EngineConfig
 from engine.core.errors import CheckpointError, FencedError
 from engine.deliver.checkpoint import read_checkpoint
-from engine.deliver.query import ClockReader
+from engine.deliver.query import ClockReader, batch_figures
 from engine.deliver.quiet import load_quiet, next_offset, save_quiet
 from engine.deliver.round import Delivery, RoundResult
 from engine.deliver.sinks import DeltaTopicSink
@@ -37,11 +37,13 @@ from engine.lakehouse.storage.fs import spark_offset
 from engine.lakehouse.storage.layout import layout
 from engine.produce.send import Message, send_many
 from engine.run.engine import DELIVER_QUERY, Engine
+from engine.run.metrics import MetricsServer
 from engine.stamp.query import FILES, QUERY_NAME, CommitlogReader, StampQuery, newest_plan
 from engine.stamp.stamper import Stamper
 from engine.stamp.tasks import stamp_on_executors
 from engine.stamp.writer import StampWriter, highest_batch
 from tests.support.lakehouse import assert_exactly_once_never_early, delivered_rows
+from tests.support.scrape import scrape
 
 pytestmark = pytest.mark.integration
 
@@ -58,12 +60,16 @@ def _send(spark: SparkSession, cfg: EngineConfig, tag: str, n: int = 5) -> list[
 class _Heard(StreamingQueryListener):
     def __init__(self) -> None:
         self.progress: list[tuple[str, int]] = []
+        self.figures: list[dict[str, float]] = []  # the delivery batches' observed metrics
 
     def onQueryStarted(self, event: Any) -> None:
         return None
 
     def onQueryProgress(self, event: Any) -> None:
         self.progress.append((event.progress.name, event.progress.numInputRows))
+        found = batch_figures(event.progress)
+        if event.progress.name == DELIVER_QUERY and found is not None:
+            self.figures.append(found)
 
     def onQueryIdle(self, event: Any) -> None:
         return None
@@ -469,7 +475,10 @@ def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_h
     spark: SparkSession, make_cfg: Any
 ) -> None:
     """Both stages as streaming queries on the real clock: every message once and never
-    early by the topic tables' Delta commit times (not the engine's own ``delivered_ts``)."""
+    early by the topic tables' Delta commit times (not the engine's own ``delivered_ts``).
+    A listener hears each delivery batch's rows and lateness (observed metrics ``delayq``):
+    the rows sum to the messages, the latest is the topic tables' latest; the progress line
+    and the scraped metrics show them."""
     cfg: EngineConfig = make_cfg(
         stamp_mode="streaming", stamp_driver_bytes=0, delivery_mode="streaming"
     )
@@ -496,10 +505,34 @@ def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_h
             assert time.monotonic() < deadline, heard.progress[-5:]
             time.sleep(0.2)
         assert any(name == DELIVER_QUERY for name, _ in heard.progress)
+        deadline = time.monotonic() + 30  # (the listener hears a batch after it ends)
+        while sum(f["delivered_rows"] for f in heard.figures) < len(ids):
+            assert time.monotonic() < deadline, heard.figures[-5:]
+            time.sleep(0.2)
+        line = engine.progress_line()
+        server = MetricsServer(cfg, engine, spark.newSession()).start()
+        try:
+            got = scrape(server.url)
+        finally:
+            server.stop()
     finally:
         engine.stop()
         spark.streams.removeListener(heard)
-    assert_exactly_once_never_early(delivered_rows(spark, cfg), ids, cfg)
+    rows = delivered_rows(spark, cfg)
+    assert_exactly_once_never_early(rows, ids, cfg)
+    assert sum(f["delivered_rows"] for f in heard.figures) == len(ids)
+    latest_ms = max((r["delivered_ts"] - r["deliver_ts"]) / timedelta(milliseconds=1) for r in rows)  # type: ignore[operator]
+    assert max(f["lateness_max_ms"] for f in heard.figures) == pytest.approx(latest_ms, abs=0.01)
+    assert all(0 <= f["lateness_p99_ms"] <= f["lateness_max_ms"] and
+               f["lateness_avg_ms"] <= f["lateness_max_ms"] for f in heard.figures)  # fmt: skip
+    newest = engine.deliver_query.figures()
+    assert newest is not None and f"{DELIVER_QUERY} batch: " in line
+    assert got[("delayq_delivery_batch_rows", ())] > 0
+    assert got[("delayq_delivery_batch_lateness_seconds", (("stat", "max"),))] <= latest_ms / 1000
+    assert got[("delayq_query_last_batch_id", (("query", DELIVER_QUERY),))] >= 1
+    assert (("query", QUERY_NAME),) in {
+        labels for (name, labels) in got if name == "delayq_query_last_batch_seconds"
+    }
     active = [q.name for q in spark.streams.active]
     assert QUERY_NAME not in active and DELIVER_QUERY not in active
 

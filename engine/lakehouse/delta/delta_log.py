@@ -261,9 +261,7 @@ def check_tables_keep_txn(cfg: EngineConfig) -> None:
         if not table_exists(path):
             continue
         store = store_for(path)
-        table = DeltaTable(
-            store.delta_uri(path), storage_options=store.delta_options, without_files=True
-        )
+        table = DeltaTable(store.delta_uri(path), storage_options=store.delta_options)
         check_txn_kept(path, table.metadata().configuration)
 
 
