@@ -22,7 +22,8 @@ Each batch's progress (``query.lastProgress``, a ``StreamingQueryListener``'s
 (``delivered_ts - deliver_ts``; the p99 estimated from the lateness buckets, the rest exact).
 Spark computes them where it computes any observed metric, over the batch's one row, which
 the source reads after the round (the figures reach it as a job property): the batch's
-``numInputRows`` is that one row, its watermark.
+``numInputRows`` is that one row, its watermark. A batch whose round delivered nothing reads
+no row and carries no figures (an idle engine runs no Spark job for them).
 
 Example:
     >>> deliver = DeliverQuery(spark, cfg, lay, run_round, start_at)  # doctest: +SKIP
@@ -280,7 +281,8 @@ class DeliverQuery:
             self.error = err
             raise
         self._record(done.quiet)
-        self._report(frame, done.lateness)
+        if done.lateness.n:  # (an idle engine runs no job for its figures)
+            self._report(frame, done.lateness)
 
     def _report(self, frame: DataFrame, lateness: Lateness) -> None:
         """Read the batch's row with the round's figures, which makes Spark compute the

@@ -131,6 +131,8 @@ class BenchPlan:
     recurring: tuple[int, int] = (100_000, 3)
     #: ``smoothing``: messages due at one instant into a topic capped at this many a second.
     smoothing: tuple[int, int] = (1_000_000, 100_000)
+    #: Seconds of the unmeasured load at 200 msg/s that warms a fresh JVM up.
+    warm_seconds: int = 15
 
 
 QUICK = BenchPlan(
@@ -174,6 +176,7 @@ SMOKE = BenchPlan(
     idle_seconds=5,
     recurring=(1_000, 1),
     smoothing=(10_000, 1_000),
+    warm_seconds=3,
 )
 PLANS = {p.mode: p for p in (SMOKE, QUICK, FULL)}
 
@@ -775,9 +778,10 @@ class Bench:
     def warm_up(self) -> None:
         """A short unmeasured load: the first batches of a fresh JVM are several times slower."""
         cfg = self.cfg("warm-up")
-        self.say("warm-up: 15 s at 200 msg/s (not measured)")
+        seconds = self.plan.warm_seconds
+        self.say(f"warm-up: {seconds} s at 200 msg/s (not measured)")
         with self.engine(cfg) as engine:
-            self.load(engine, cfg, 200, 15, "warm-up")
+            self.load(engine, cfg, 200, seconds, "warm-up")
 
     def steady(self) -> list[dict[str, Any]]:
         """Step the rate up until the engine falls behind."""

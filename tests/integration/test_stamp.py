@@ -192,11 +192,10 @@ def test_batches_stamped_while_the_ids_are_read_ahead_decide_from_their_own_ids_
             release.wait(60)  # millions of ids: still reading
         return real(table, batch_id, since) if only is None else real(table, batch_id, since, only)
 
-    monkeypatch.setattr(writer_module, "seen_ids", slow)
     lay = ensure_tables(spark, cfg)
     clock = FakeClock(T0)
     StampWriter(cfg, lay, clock)(commitlog_rows(spark, [("A", "orders", b"1", 1)]), 0)
-    reads.clear()
+    monkeypatch.setattr(writer_module, "seen_ids", slow)  # (for the restarted writer)
 
     writer = StampWriter(cfg, lay, clock)
     writer.warm(1)

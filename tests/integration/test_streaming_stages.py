@@ -15,6 +15,7 @@ from pyspark.sql import SparkSession
 from pyspark.sql.streaming import StreamingQueryListener
 from pyspark.sql.streaming.datasource import ReadAllAvailable
 
+import engine.run.metrics as metrics_module
 from engine.control.commands import cancel
 from engine.core.clock import FakeClock, SystemClock, to_micros, to_millis
 from engine.core.config import EngineConfig
@@ -472,7 +473,7 @@ def test_a_mass_due_at_one_instant_is_written_ahead_and_shown_at_it_a_cancel_rew
 
 
 def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_hears(
-    spark: SparkSession, make_cfg: Any
+    spark: SparkSession, make_cfg: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Both stages as streaming queries on the real clock: every message once and never
     early by the topic tables' Delta commit times (not the engine's own ``delivered_ts``).
@@ -510,6 +511,8 @@ def test_a_running_engine_stamps_and_delivers_through_named_queries_a_listener_h
             assert time.monotonic() < deadline, heard.figures[-5:]
             time.sleep(0.2)
         line = engine.progress_line()
+        # (no Kafka here: the ingest lag would wait 5 s for the default broker)
+        monkeypatch.setattr(metrics_module, "_ingest_lag", lambda _cfg: {})
         server = MetricsServer(cfg, engine, spark.newSession()).start()
         try:
             got = scrape(server.url)

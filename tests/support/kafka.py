@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import socket
+import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kafka import KafkaConsumer, KafkaProducer
+from kafka import KafkaConsumer, KafkaProducer, TopicPartition
 from pyspark.sql import SparkSession
 from pyspark.sql import functions as F
 
@@ -51,20 +52,34 @@ def produce(
 def consume(
     broker: Broker, topic: str, expected: int, isolation_level: str = "read_uncommitted"
 ) -> list[Any]:
+    """Every record of ``topic`` there is to read at ``isolation_level``, once at least
+    ``expected`` are (waits up to 30 s for them): read up to each partition's end offset,
+    the last stable one for ``read_committed``, rather than until the broker goes quiet."""
     consumer = KafkaConsumer(
-        topic,
         bootstrap_servers=broker.bootstrap_servers,
-        auto_offset_reset="earliest",
-        consumer_timeout_ms=3000,
         group_id=None,
+        enable_auto_commit=False,
         isolation_level=isolation_level,
     )
     records: list[Any] = []
-    for _ in range(10):
-        records.extend(consumer)
-        if len(records) >= expected:
-            break
-    consumer.close()
+    deadline = time.monotonic() + 30
+    try:
+        parts: list[TopicPartition] = []
+        while not parts and time.monotonic() < deadline:
+            found = consumer.partitions_for_topic(topic) or set()
+            parts = [TopicPartition(topic, p) for p in sorted(found)]
+            if not parts:
+                time.sleep(0.1)
+        consumer.assign(parts)
+        consumer.seek_to_beginning(*parts)
+        while time.monotonic() < deadline:
+            for batch in consumer.poll(timeout_ms=200).values():
+                records.extend(batch)
+            ends = consumer.end_offsets(parts)
+            if len(records) >= expected and all(consumer.position(p) >= ends[p] for p in parts):
+                break
+    finally:
+        consumer.close()
     return records
 
 
