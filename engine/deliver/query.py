@@ -22,8 +22,9 @@ Each batch's progress (``query.lastProgress``, a ``StreamingQueryListener``'s
 (``delivered_ts - deliver_ts``; the p99 estimated from the lateness buckets, the rest exact).
 Spark computes them where it computes any observed metric, over the batch's one row, which
 the source reads after the round (the figures reach it as a job property): the batch's
-``numInputRows`` is that one row, its watermark. A batch whose round delivered nothing reads
-no row and carries no figures (an idle engine runs no Spark job for them).
+``numInputRows`` is that one row, its watermark. A batch that reports nothing (its round
+delivered nothing, or another Spark job was running: its figures then come with the next
+batch that reports) runs no job for them: its row is not read and its figures are null.
 
 Example:
     >>> deliver = DeliverQuery(spark, cfg, lay, run_round, start_at)  # doctest: +SKIP
@@ -90,7 +91,7 @@ def figures(lateness: Lateness) -> dict[str, float]:
     """A round's figures as a batch's observed metrics report them (:data:`FIGURES`).
 
     Example:
-        >>> figures(Lateness((0, 0, 4) + (0,) * 10, 0.6, 4, 0.2))["lateness_max_ms"]
+        >>> figures(Lateness((0, 0, 4) + (0,) * 9, 0.6, 4, 0.2))["lateness_max_ms"]
         200.0
     """
     n = lateness.n
@@ -104,7 +105,8 @@ def figures(lateness: Lateness) -> dict[str, float]:
 
 def batch_figures(progress: Any) -> dict[str, float] | None:
     """The ``delayq`` figures a delivery batch's progress carries (``None``: none, as for
-    a batch Spark ran before the engine reported them).
+    a batch Spark ran before the engine reported them; a batch that reported nothing has
+    them all 0).
 
     Example:
         >>> batch_figures(engine.deliver_query.query.lastProgress)  # doctest: +SKIP
@@ -270,6 +272,9 @@ class DeliverQuery:
         self._lock = threading.Lock()
         self._folder = ""  # a local folder of this run's quiet record
         self._quiet = ""  # that record's file (empty: no holds)
+        self._unreported = Lateness()  # rounds whose figures no batch has reported yet
+        self._reporting = True  # (off after a failed report, until the next start)
+        self.reported: dict[str, float] | None = None  # the last figures reported
 
     def _run(self, frame: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: one delivery round capped at the batch's watermark, then the
@@ -281,18 +286,30 @@ class DeliverQuery:
             self.error = err
             raise
         self._record(done.quiet)
-        if done.lateness.n:  # (an idle engine runs no job for its figures)
-            self._report(frame, done.lateness)
+        self._unreported += done.lateness
+        self._report(frame)
 
-    def _report(self, frame: DataFrame, lateness: Lateness) -> None:
-        """Read the batch's row with the round's figures, which makes Spark compute the
-        batch's observed metrics (best effort: the round is committed)."""
+    def _report(self, frame: DataFrame) -> None:
+        """Read the batch's row with the figures of the rounds not reported yet, which makes
+        Spark compute the batch's observed metrics. Best effort (the round is committed):
+        not while another Spark job runs (a round written ahead, a stamping batch's tasks),
+        which the job would wait behind, holding the next batch back; those rounds' figures
+        come with the next batch that reports. No job when there is nothing to report (an
+        idle engine), and none after a report failed, until the query starts again."""
+        if not (self._unreported.n and self._reporting):
+            return
         context = self.spark.sparkContext
         try:
-            context.setLocalProperty(FIGURES_PROPERTY, json.dumps(figures(lateness)))
+            if context.statusTracker().getActiveJobsIds():
+                return
+            said = figures(self._unreported)
+            context.setLocalProperty(FIGURES_PROPERTY, json.dumps(said))
             frame.collect()
-        except Exception:
-            log.warning("could not report the delivery batch's figures", exc_info=True)
+            self._unreported, self.reported = Lateness(), said
+        except Exception as err:
+            self._reporting = False
+            log.warning("%s: its batches' figures are not reported until it starts again (%s)",
+                        QUERY_NAME, err, exc_info=True)  # fmt: skip
         finally:
             with contextlib.suppress(Exception):
                 context.setLocalProperty(FIGURES_PROPERTY, None)  # type: ignore[arg-type]
@@ -321,6 +338,7 @@ class DeliverQuery:
             if self.query is not None and self.query.isActive:
                 raise RuntimeError(f"{QUERY_NAME} is running")
             self.error = None
+            self._reporting = True
             link_checkpoints(self.spark)
             self.spark.dataSource.register(clock_stream(self.layout.schedule))
             if self._folder:  # (a restart after a failure: the last run's record goes)
@@ -356,23 +374,14 @@ class DeliverQuery:
         return query_failure(self.query, self.error)
 
     def figures(self) -> dict[str, float] | None:
-        """The figures of the newest batch in the query's recent progress that delivered
-        rows (``None``: none did, or the query is not running).
+        """The figures the newest batch that reported some gave Spark's progress (``None``:
+        none yet), kept here: no call to Spark.
 
         Example:
             >>> deliver.figures()["lateness_p99_ms"]  # doctest: +SKIP
             142.0
         """
-        query = self.query
-        try:
-            recent = query.recentProgress if query is not None else []
-        except Exception:  # (the query ended meanwhile)
-            return None
-        for progress in reversed(recent):
-            found = batch_figures(progress)
-            if found and found.get(FIGURES[0]):
-                return found
-        return None
+        return self.reported
 
     def stop(self) -> None:
         """Stop the query; a round in progress is replayed from its plan at the next start."""

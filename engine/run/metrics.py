@@ -3,7 +3,8 @@
 ``delayq run`` (and ``jobs/delay_engine.py``) serves ``http://<metrics.host>:<metrics.port>/metrics``
 next to the engine (``metrics.enabled``; loopback and any free port by default: set
 ``metrics.port`` to a fixed one for Prometheus to scrape). Every figure is read when scraped,
-from what the engine holds in memory, except three that need a query: the consumer lag and
+from what the engine holds in memory (and the streaming queries' last progress, which the
+JVM holds), except three that need a query: the consumer lag and
 the earliest pending deliver time (Spark), and the Kafka ingest's lag (its stream checkpoint
 against Kafka's end offsets). A scrape that finds them older than
 ``metrics.refresh_interval`` starts a refresh in the background (in a Spark session of its
@@ -21,7 +22,7 @@ scrapes runs no query.
 | ``delayq_delivery_lateness_seconds`` | histogram | | ``delivered_ts - deliver_ts`` |
 | ``delayq_query_last_batch_seconds`` | gauge | ``query`` | a streaming query's last batch |
 | ``delayq_query_last_batch_id`` | gauge | ``query`` | its number |
-| ``delayq_delivery_batch_lateness_seconds`` | gauge | ``stat`` | newest batch with rows |
+| ``delayq_delivery_batch_lateness_seconds`` | gauge | ``stat`` | newest reporting batch |
 | ``delayq_delivery_batch_rows`` | gauge | | rows it delivered |
 | ``delayq_pending`` | gauge | ``queue``, ``label`` | rows waiting per level (``timer``: times) |
 | ``delayq_watermark_timestamp_seconds`` | gauge | | rows due up to here are delivered |
@@ -41,7 +42,8 @@ restart). Python code gets the same figures as they happen with
 :meth:`engine.run.engine.Engine.add_listener`. The ``delayq_query_*`` and
 ``delayq_delivery_batch_*`` figures are Spark's own progress of the two streaming queries,
 ``delayq-stamp`` and ``delayq-deliver`` (the latter's observed metrics ``delayq``), as a
-``StreamingQueryListener`` hears it.
+``StreamingQueryListener`` hears it: each query's ``lastProgress`` (held by the JVM, no
+Spark job) and the figures the newest delivery batch reported (kept in memory).
 
 Example:
     >>> server = MetricsServer(cfg, engine).start()  # doctest: +SKIP
@@ -167,8 +169,8 @@ class EngineCollector(Collector):
         if figures:
             late = GaugeMetricFamily(
                 "delayq_delivery_batch_lateness_seconds",
-                "How late the newest delivery batch with rows delivered them (its progress' "
-                "observed metrics: avg, p99 from the buckets, max).",
+                "How late the rows the newest reporting delivery batch counted were (its "
+                "progress' observed metrics: avg, p99 from the buckets, max).",
                 labels=["stat"],
             )
             for stat in ("avg", "p99", "max"):
@@ -176,7 +178,7 @@ class EngineCollector(Collector):
             yield late
             yield GaugeMetricFamily(
                 "delayq_delivery_batch_rows",
-                "Rows the newest delivery batch with rows delivered (its observed metrics).",
+                "Rows the newest reporting delivery batch counted (its observed metrics).",
                 value=figures["delivered_rows"],
             )
 
