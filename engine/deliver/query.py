@@ -22,9 +22,11 @@ Each batch's progress (``query.lastProgress``, a ``StreamingQueryListener``'s
 (``delivered_ts - deliver_ts``; the p99 estimated from the lateness buckets, the rest exact).
 Spark computes them where it computes any observed metric, over the batch's one row, which
 the source reads after the round (the figures reach it as a job property): the batch's
-``numInputRows`` is that one row, its watermark. A batch that reports nothing (its round
-delivered nothing, or another Spark job was running: its figures then come with the next
-batch that reports) runs no job for them: its row is not read and its figures are null.
+``numInputRows`` is that one row, its watermark. A batch reports at most once a second
+(:data:`REPORT_EVERY_S`); one that reports nothing (its round delivered nothing, another
+Spark job was running, or the last report is under a second old: its figures then come
+summed with the next batch that reports) runs no job for them: its row is not read and its
+figures are null.
 
 Example:
     >>> deliver = DeliverQuery(spark, cfg, lay, run_round, start_at)  # doctest: +SKIP
@@ -74,6 +76,10 @@ CHECKPOINT = "deliver-query"
 METRICS = "delayq"
 #: The Spark job property that hands a batch's figures to its source's read.
 FIGURES_PROPERTY = "delayq.deliver.figures"
+#: The shortest time between two batches that report figures (the rounds between come summed
+#: with the next): a report is a Spark job; one each batch (5 a second) took a steady flow's
+#: p99 at 50,000 msg/s from 409 to 546 ms in one run on 2 cores.
+REPORT_EVERY_S = 1.0
 #: The observed metrics, in the order the source's row holds them after its watermark.
 FIGURES = ("delivered_rows", "lateness_avg_ms", "lateness_p99_ms", "lateness_max_ms")
 
@@ -275,6 +281,8 @@ class DeliverQuery:
         self._unreported = Lateness()  # rounds whose figures no batch has reported yet
         self._reporting = True  # (off after a failed report, until the next start)
         self.reported: dict[str, float] | None = None  # the last figures reported
+        self.report_every_s = REPORT_EVERY_S
+        self._next_report = 0.0  # (time.monotonic())
 
     def _run(self, frame: DataFrame, batch_id: int) -> None:
         """``foreachBatch``: one delivery round capped at the batch's watermark, then the
@@ -295,8 +303,9 @@ class DeliverQuery:
         not while another Spark job runs (a round written ahead, a stamping batch's tasks),
         which the job would wait behind, holding the next batch back; those rounds' figures
         come with the next batch that reports. No job when there is nothing to report (an
-        idle engine), and none after a report failed, until the query starts again."""
-        if not (self._unreported.n and self._reporting):
+        idle engine), within :data:`REPORT_EVERY_S` of the last report, or after a report
+        failed, until the query starts again."""
+        if not (self._unreported.n and self._reporting) or time.monotonic() < self._next_report:
             return
         context = self.spark.sparkContext
         try:
@@ -306,6 +315,7 @@ class DeliverQuery:
             context.setLocalProperty(FIGURES_PROPERTY, json.dumps(said))
             frame.collect()
             self._unreported, self.reported = Lateness(), said
+            self._next_report = time.monotonic() + self.report_every_s
         except Exception as err:
             self._reporting = False
             log.warning("%s: its batches' figures are not reported until it starts again (%s)",

@@ -60,6 +60,7 @@ def _query(tmp_path: Path, rounds: list[Lateness]) -> tuple[DeliverQuery, _Conte
     lay = layout(cfg)
     query = DeliverQuery(spark, cfg, lay, lambda _wm: Delivered(None, rounds.pop(0)), lambda: NOON)
     query.checkpoint = str(tmp_path / "checkpoint")
+    query.report_every_s = 0.0  # (test_a_batch_reports_at_most_once_a_second: the default)
     return query, context
 
 
@@ -95,3 +96,18 @@ def test_the_p99_comes_from_the_buckets_and_never_passes_the_latest_row() -> Non
     assert _late(30).quantile(0.99) == 0.03  # one row: capped at it, not at its bucket's 0.05
     assert Lateness().quantile(0.99) == 0.0
     assert len(late.counts) == len(LATENESS_BOUNDS) + 1
+
+
+def test_a_batch_reports_at_most_once_a_second_the_rounds_between_summed(
+    tmp_path: Path, monkeypatch: Any
+) -> None:
+    query, context = _query(tmp_path, [_late(10), _late(20), _late(30)])
+    query.report_every_s = 60.0
+    for _ in range(3):
+        _batch(query, context, monkeypatch)
+    assert [j["delivered_rows"] for j in context.jobs] == [1]
+    query.report_every_s, query._next_report = 60.0, 0.0  # a minute later
+    query._unreported += Lateness()  # (nothing new: the two rounds waiting are reported)
+    query._report(_Frame(context))  # type: ignore[arg-type]
+    assert [j["delivered_rows"] for j in context.jobs] == [1, 2]
+    assert context.jobs[1]["lateness_max_ms"] == 30.0
